@@ -1,0 +1,345 @@
+"""``NgFailureEvent``: the one exception a Gym boundary raises and the record it serializes.
+
+Seed: gym-failure-observations.txt. There are no boundary-specific subclasses: callers catch
+``NgFailureEvent`` and select by ``boundary``, ``failure_kind`` and ``operation``. Only the
+explicit chain (``raise ... from``) makes causes; ``__context__`` never does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import ConfigDict, Field, StrictInt, StrictStr, TypeAdapter, ValidationError
+from typing_extensions import NotRequired, TypedDict
+
+from ng_otel.contract.kinds import KIND_PATTERN, MAX_KIND_CHARS, is_well_formed, validate_failure_kind
+
+Boundary = Literal["model", "harness", "agent", "resources_server", "environment", "collection"]
+Stage = Literal["admission", "seed", "agent", "verification", "cleanup"]
+BOUNDARIES: Final[tuple[str, ...]] = ("model", "harness", "agent", "resources_server", "environment", "collection")
+STAGES: Final[tuple[str, ...]] = ("admission", "seed", "agent", "verification", "cleanup")
+
+MAX_REASON_CHARS: Final = 2000
+"""Bound on ``failure_reason`` and ``foreign_error.message``; the marker counts inside it."""
+TRUNCATION_MARKER: Final = "...[truncated]"
+MAX_ID_CHARS: Final = 128
+ID_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,128}$"
+MAX_OPERATION_CHARS: Final = 128
+MAX_TYPE_CHARS: Final = 256
+HTTP_STATUS_MIN: Final = 100
+HTTP_STATUS_MAX: Final = 599
+
+_ID_RE = re.compile(ID_PATTERN)
+_OPERATION_PATTERN = r"^[A-Za-z0-9._:/-]{1,128}$"
+_OPERATION_RE = re.compile(_OPERATION_PATTERN)
+
+_Status = Annotated[StrictInt, Field(ge=HTTP_STATUS_MIN, le=HTTP_STATUS_MAX)]
+_Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
+
+
+class ForeignErrorRecord(TypedDict):
+    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
+    type: Annotated[StrictStr, Field(min_length=1, max_length=MAX_TYPE_CHARS)]
+    message: Annotated[StrictStr, Field(max_length=MAX_REASON_CHARS)]
+    http_status: NotRequired[_Status]
+
+
+class FailureRecord(TypedDict):
+    """The wire form of one event (``to_record()``); absent evidence is an absent key."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
+    event_id: _Id
+    boundary: Boundary
+    failure_kind: Annotated[StrictStr, Field(max_length=MAX_KIND_CHARS, pattern=KIND_PATTERN)]
+    failure_reason: Annotated[StrictStr, Field(max_length=MAX_REASON_CHARS)]
+    stage: NotRequired[Stage]
+    http_status: NotRequired[_Status]
+    operation: NotRequired[Annotated[StrictStr, Field(pattern=_OPERATION_PATTERN)]]
+    cause_id: NotRequired[_Id]
+    foreign_error: NotRequired[ForeignErrorRecord]
+
+
+RECORD_ADAPTER: Final = TypeAdapter(FailureRecord)
+
+
+def bound_text(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """Cut ``text`` to ``limit`` characters, ending with the visible truncation marker."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - len(TRUNCATION_MARKER)] + TRUNCATION_MARKER
+
+
+def describe_validation_error(error: ValidationError, what: str) -> str:
+    """A one-line message naming each bad field, without echoing (possibly hostile) input."""
+    parts = []
+    for item in error.errors(include_input=False, include_url=False)[:5]:
+        loc = ".".join(_printable(str(p)[:MAX_ID_CHARS]) for p in item["loc"]) or "<root>"
+        parts.append(f"{loc}: {item['msg']}")
+    more = error.error_count() - len(parts)
+    return f"invalid {what}: " + "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _printable(text: str) -> str:
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
+
+
+@dataclass(frozen=True)
+class ForeignError:
+    """Facts an adapter selected from a third-party SDK error: never the SDK object itself."""
+
+    type: str
+    message: str
+    http_status: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, str) or not 0 < len(self.type) <= MAX_TYPE_CHARS:
+            raise ValueError(f"foreign_error.type: a name of 1-{MAX_TYPE_CHARS} chars is required")
+        if not isinstance(self.message, str):
+            raise ValueError("foreign_error.message: must be a string")
+        _check_status(self.http_status, "foreign_error.http_status")
+        object.__setattr__(self, "message", bound_text(self.message))
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> ForeignError:
+        """Select type name, bounded message and HTTP status (``status_code``, ``status`` or
+        ``http_status``, whichever is an int in 100-599) from any exception."""
+        kind = type(error)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        try:
+            message = str(error)
+        except Exception:  # a broken __str__ must not cost us the event
+            message = f"<unprintable {kind.__name__}>"
+        status = None
+        for attr in ("status_code", "status", "http_status"):
+            value = getattr(error, attr, None)
+            if type(value) is int and HTTP_STATUS_MIN <= value <= HTTP_STATUS_MAX:
+                status = value
+                break
+        return cls(type=name[:MAX_TYPE_CHARS], message=message, http_status=status)
+
+    def to_record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.http_status is not None:
+            record["http_status"] = self.http_status
+        return record
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ForeignError:
+        return cls(record["type"], record["message"], record.get("http_status"))
+
+
+def _check_status(value: object, field: str) -> None:
+    if value is not None and (type(value) is not int or not HTTP_STATUS_MIN <= value <= HTTP_STATUS_MAX):
+        raise ValueError(f"{field}: must be an int in {HTTP_STATUS_MIN}-{HTTP_STATUS_MAX}")
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+class NgFailureEvent(Exception):
+    """One observed failure, raised at the boundary that saw it (``raise NgFailureEvent(...) from err``).
+
+    The event id is assigned here. The cause is whatever Gym event the explicit ``__cause__``
+    chain reaches first, through foreign exceptions; the nearest foreign exception below this
+    event supplies ``foreign_error`` unless one was given.
+    """
+
+    event_id: str
+    failure_kind: str
+    failure_reason: str
+    boundary: str
+    stage: str | None
+    http_status: int | None
+    operation: str | None
+    http_error: Any  # set by transport adapters: this hop's own status and body
+
+    def __init__(
+        self,
+        failure_kind: str,
+        failure_reason: str,
+        *,
+        boundary: str,
+        stage: str | None = None,
+        http_status: int | None = None,
+        operation: str | None = None,
+        foreign_error: ForeignError | None = None,
+    ) -> None:
+        if boundary not in BOUNDARIES:
+            raise ValueError(f"boundary: must be one of {', '.join(BOUNDARIES)}")
+        if not is_well_formed(failure_kind):
+            raise ValueError("failure_kind: must be <domain>_<condition> or <server>:<kind>")
+        if not isinstance(failure_reason, str):
+            raise ValueError("failure_reason: must be a string")
+        if stage is not None and stage not in STAGES:
+            raise ValueError(f"stage: must be one of {', '.join(STAGES)}")
+        _check_status(http_status, "http_status")
+        if operation is not None and (not isinstance(operation, str) or not _OPERATION_RE.fullmatch(operation)):
+            raise ValueError("operation: must be 1-128 chars of [A-Za-z0-9._:/-]")
+        if foreign_error is not None and not isinstance(foreign_error, ForeignError):
+            raise ValueError("foreign_error: must be a ForeignError")
+        validate_failure_kind(failure_kind)
+        failure_reason = bound_text(failure_reason)
+        super().__init__(failure_kind, failure_reason)
+        self.event_id = new_event_id()
+        self.failure_kind = failure_kind
+        self.failure_reason = failure_reason
+        self.boundary = boundary
+        self.stage = stage
+        self.http_status = http_status
+        self.operation = operation
+        self._foreign_error = foreign_error
+        self._recorded_cause_id: str | None = None
+        self.http_error = None
+
+    def __str__(self) -> str:
+        return f"{self.failure_kind}: {self.failure_reason}"
+
+    def __repr__(self) -> str:
+        return f"NgFailureEvent({self.failure_kind!r}, boundary={self.boundary!r}, event_id={self.event_id!r})"
+
+    @property
+    def cause(self) -> NgFailureEvent | None:
+        """The nearest Gym event in the explicit chain below this one."""
+        return _explicit_gym_cause(self)[0]
+
+    @property
+    def cause_id(self) -> str | None:
+        cause = self.cause
+        return cause.event_id if cause is not None else self._recorded_cause_id
+
+    @property
+    def foreign_error(self) -> ForeignError | None:
+        if self._foreign_error is not None:
+            return self._foreign_error
+        foreign = _explicit_gym_cause(self)[1]
+        return ForeignError.from_exception(foreign) if foreign is not None else None
+
+    def to_record(self) -> dict[str, Any]:
+        """The record of DESIGN 2.2, keys with no value left out."""
+        cause, foreign = _explicit_gym_cause(self)
+        if self._foreign_error is not None:
+            foreign_error: ForeignError | None = self._foreign_error
+        else:
+            foreign_error = ForeignError.from_exception(foreign) if foreign is not None else None
+        cause_id = cause.event_id if cause is not None else self._recorded_cause_id
+        return self._record(cause_id, foreign_error)
+
+    def _record(self, cause_id: str | None, foreign_error: ForeignError | None) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "event_id": self.event_id,
+            "boundary": self.boundary,
+            "failure_kind": self.failure_kind,
+            "failure_reason": self.failure_reason,
+        }
+        if self.stage is not None:
+            record["stage"] = self.stage
+        if self.http_status is not None:
+            record["http_status"] = self.http_status
+        if self.operation is not None:
+            record["operation"] = self.operation
+        if cause_id is not None:
+            record["cause_id"] = cause_id
+        if foreign_error is not None:
+            record["foreign_error"] = foreign_error.to_record()
+        return record
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> NgFailureEvent:
+        """Rebuild an event from its record, ids kept. Raises ``ValueError`` naming the field."""
+        try:
+            valid = RECORD_ADAPTER.validate_python(record)
+        except ValidationError as error:
+            raise ValueError(describe_validation_error(error, "failure record")) from None
+        validate_failure_kind(valid["failure_kind"])
+        return cls._from_valid_record(valid)
+
+    @classmethod
+    def _from_valid_record(cls, record: Mapping[str, Any]) -> NgFailureEvent:
+        event = cls.__new__(cls)
+        Exception.__init__(event, record["failure_kind"], record["failure_reason"])
+        event.event_id = record["event_id"]
+        event.failure_kind = record["failure_kind"]
+        event.failure_reason = record["failure_reason"]
+        event.boundary = record["boundary"]
+        event.stage = record.get("stage")
+        event.http_status = record.get("http_status")
+        event.operation = record.get("operation")
+        foreign = record.get("foreign_error")
+        event._foreign_error = ForeignError.from_record(foreign) if foreign is not None else None
+        event._recorded_cause_id = record.get("cause_id")
+        event.http_error = None
+        return event
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickle the explicit Gym chain as flat records (no recursion on deep chains);
+        # the traceback and foreign objects are not picklable facts, foreign_error is.
+        return (_unpickle_chain, (tuple(gym_chain_records(self)),))
+
+
+def _unpickle_chain(records: tuple[dict[str, Any], ...]) -> NgFailureEvent:
+    return link_records(records)
+
+
+def link_records(records: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> NgFailureEvent:
+    """Rebuild a chain from records ordered effect first; each event's ``__cause__`` is the next."""
+    events = [NgFailureEvent._from_valid_record(record) for record in records]
+    for effect, cause in itertools.pairwise(events):
+        effect.__cause__ = cause
+    return events[0]
+
+
+def walk_explicit_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and its ``__cause__`` chain, each exception once (a cycle ends the walk)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__
+
+
+def _explicit_gym_cause(event: BaseException) -> tuple[NgFailureEvent | None, BaseException | None]:
+    """(nearest Gym event below ``event``, nearest foreign exception between them)."""
+    foreign: BaseException | None = None
+    chain = walk_explicit_chain(event)
+    next(chain)
+    for error in chain:
+        if isinstance(error, NgFailureEvent):
+            return error, foreign
+        if foreign is None:
+            foreign = error
+    return None, foreign
+
+
+def gym_chain_records(error: BaseException) -> list[dict[str, Any]]:
+    """Records of the Gym events in ``error``'s explicit chain, effect first, in one pass.
+
+    Each event's ``cause_id`` is the next Gym event; a foreign exception supplies the
+    ``foreign_error`` of the nearest Gym event above it; foreign exceptions above every Gym
+    event are dropped (there is no boundary to attribute them to).
+    """
+    records: list[dict[str, Any]] = []
+    pending: NgFailureEvent | None = None
+    foreign: BaseException | None = None
+    for current in walk_explicit_chain(error):
+        if isinstance(current, NgFailureEvent):
+            if pending is not None:
+                records.append(pending._record(current.event_id, _foreign_of(pending, foreign)))
+            pending, foreign = current, None
+        elif pending is not None and foreign is None:
+            foreign = current
+    if pending is not None:
+        records.append(pending._record(pending._recorded_cause_id, _foreign_of(pending, foreign)))
+    return records
+
+
+def _foreign_of(event: NgFailureEvent, foreign: BaseException | None) -> ForeignError | None:
+    if event._foreign_error is not None:
+        return event._foreign_error
+    return ForeignError.from_exception(foreign) if foreign is not None else None

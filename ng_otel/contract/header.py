@@ -1,0 +1,39 @@
+"""The reply-header encoding shared by every ng_otel header (seed: gym-failure-observations.txt).
+
+aiohttp rejects a reply header line over 8190 bytes, so a value is compact ASCII JSON of at
+most ``MAX_HEADER_BYTES``; callers decide what to send instead of a value that does not fit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+REPORT_HEADER: Final = "X-NG-Failure-Report"
+MAX_HEADER_BYTES: Final = 4096
+OMITTED_VALUE: Final = '{"omitted":true}'
+
+_encode = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_circular=False).encode
+
+
+def encode_header_json(value: Any) -> str | None:
+    """Compact JSON with every non-ASCII and control character escaped, or ``None`` when the
+    encoded value exceeds ``MAX_HEADER_BYTES``."""
+    text: str = _encode(value)
+    return text if len(text) <= MAX_HEADER_BYTES else None
+
+
+def check_header_value(value: object, header: str) -> str:
+    """Reject what no conforming sender produces before any parsing work is done."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            raise ValueError(f"{header}: value is not ASCII") from None
+    if not isinstance(value, str):
+        raise ValueError(f"{header}: value must be a string")
+    if len(value) > MAX_HEADER_BYTES:
+        raise ValueError(f"{header}: value is {len(value)} bytes, over the {MAX_HEADER_BYTES}-byte bound")
+    if not value.isascii():
+        raise ValueError(f"{header}: value is not ASCII")
+    return value

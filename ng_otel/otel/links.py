@@ -1,0 +1,105 @@
+"""Where each failure event was recorded: the span contexts that cause links point at.
+
+A process remembers, for a bounded number of event ids, the span context on which the event
+was recorded, here or (learned from ``X-NG-Failure-Context``) in a callee. Knowing an id also
+means it was exported already, which is what keeps every event exported exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from ng_otel.contract.events import ID_PATTERN
+from ng_otel.contract.header import OMITTED_VALUE, check_header_value, encode_header_json
+from ng_otel.otel.names import CONTEXT_HEADER
+
+_CONTEXT_RE = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
+_ID_RE = re.compile(ID_PATTERN)
+
+
+class LinkIndex:
+    """A thread-safe LRU map event id -> span context, at most ``capacity`` entries."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        if capacity < 1:
+            raise ValueError("capacity: must be at least 1")
+        self._capacity = capacity
+        self._items: OrderedDict[str, SpanContext] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._items
+
+    def get(self, event_id: str) -> SpanContext | None:
+        with self._lock:
+            context = self._items.get(event_id)
+            if context is not None:
+                self._items.move_to_end(event_id)
+            return context
+
+    def add(self, event_id: str, context: SpanContext) -> bool:
+        """Remember ``event_id``; False when it was known already (nothing changes then)."""
+        with self._lock:
+            if event_id in self._items:
+                self._items.move_to_end(event_id)
+                return False
+            self._items[event_id] = context
+            if len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+            return True
+
+    def set(self, event_id: str, context: SpanContext) -> None:
+        with self._lock:
+            self._items[event_id] = context
+            self._items.move_to_end(event_id)
+            if len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+
+    def contexts_for(self, event_ids: Iterable[str]) -> dict[str, SpanContext]:
+        with self._lock:
+            return {event_id: self._items[event_id] for event_id in event_ids if event_id in self._items}
+
+
+def format_span_context(context: SpanContext) -> str:
+    return f"{context.trace_id:032x}-{context.span_id:016x}"
+
+
+def encode_context_header(contexts: Mapping[str, SpanContext]) -> str:
+    """The ``X-NG-Failure-Context`` value; ``{"omitted":true}`` when it exceeds 4096 bytes,
+    which tells the caller the events were exported but their spans are not known."""
+    value = encode_header_json({event_id: format_span_context(ctx) for event_id, ctx in contexts.items()})
+    return value if value is not None else OMITTED_VALUE
+
+
+def decode_context_header(value: str | bytes) -> dict[str, SpanContext] | None:
+    """Event id -> remote span context, or ``None`` for ``{"omitted":true}``. Raises
+    ``ValueError`` naming what is wrong."""
+    text = check_header_value(value, CONTEXT_HEADER)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{CONTEXT_HEADER}: value is not JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{CONTEXT_HEADER}: value must be a JSON object")
+    if data == {"omitted": True}:
+        return None
+    contexts = {}
+    for event_id, raw in data.items():
+        if not _ID_RE.fullmatch(event_id):
+            raise ValueError(f"{CONTEXT_HEADER}: malformed event id")
+        if not isinstance(raw, str) or not _CONTEXT_RE.fullmatch(raw):
+            raise ValueError(f"{CONTEXT_HEADER}: {event_id}: expected <32 hex trace id>-<16 hex span id>")
+        trace_id, span_id = int(raw[:32], 16), int(raw[33:], 16)
+        if not trace_id or not span_id:
+            raise ValueError(f"{CONTEXT_HEADER}: {event_id}: trace and span ids must not be zero")
+        contexts[event_id] = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return contexts

@@ -1,0 +1,56 @@
+"""Every telemetry name ng_otel emits (DESIGN section 3): the project's semantic conventions.
+
+Tests, docs, collector configs and alert rules use these exact strings; nothing else in the
+package spells them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ng_otel.contract.header import REPORT_HEADER as REPORT_HEADER
+
+EVENT: Final = "ng.failure"
+"""Span event name, and ``event_name`` of the log record in logs mode."""
+LATE_SPAN_PREFIX: Final = "ng.failure "
+"""A failure whose span has ended goes on a short span named ``ng.failure <kind>``."""
+
+BOUNDARY: Final = "ng.failure.boundary"  # 6 values: safe as a metric label
+KIND: Final = "ng.failure.kind"  # bounded by the cardinality guard
+STAGE: Final = "ng.failure.stage"  # 5 values
+RECOVERED: Final = "ng.failure.recovered"  # off the causal chain of the reply's own failure
+CLASS: Final = "ng.failure.class"  # infra / data
+ID: Final = "ng.failure.id"  # unbounded: events and links only
+CAUSE_ID: Final = "ng.failure.cause_id"  # unbounded: events and links only
+REASON: Final = "ng.failure.reason"  # unbounded, may hold personal data: events only
+OPERATION: Final = "ng.failure.operation"
+FOREIGN_TYPE: Final = "ng.failure.foreign.type"
+FOREIGN_MESSAGE: Final = "ng.failure.foreign.message"
+HTTP_STATUS: Final = "http.response.status_code"
+ERROR_TYPE: Final = "error.type"
+
+LINK_TYPE: Final = "ng.link.type"
+LINK_CAUSED_BY: Final = "caused_by"
+
+FAILURES_METRIC: Final = "ng.failures"
+FAILURES_UNIT: Final = "{failure}"
+FAILURES_DESCRIPTION: Final = "Gym failure events, each counted once by the first process that records it"
+METRIC_LABELS: Final = frozenset({BOUNDARY, KIND, STAGE, RECOVERED, CLASS})
+
+VERIFY_MASKED: Final = "ng.verify.masked"
+VERIFY_METRIC: Final = "ng.verify.outcomes"
+VERIFY_UNIT: Final = "{outcome}"
+VERIFY_DESCRIPTION: Final = "Verify responses, by whether the reward is a valid measurement"
+VERIFY_LABELS: Final = frozenset({VERIFY_MASKED, KIND})
+VERIFY_NO_KIND: Final = "none"
+
+INVALID_KIND: Final = "_invalid"  # metric label for a malformed kind
+OTHER_KIND: Final = "_other"  # metric label once NG_OTEL_MAX_KINDS distinct kinds were seen
+
+CONTEXT_HEADER: Final = "X-NG-Failure-Context"
+"""Reply header: JSON map event id -> ``<32 hex trace id>-<16 hex span id>`` of the span on
+which the callee recorded it."""
+SSE_EVENT: Final = "ng_failure_report"
+"""Server-sent event name carrying the report when a streamed reply's headers are gone."""
+
+INSTRUMENTATION_SCOPE: Final = "ng_otel"

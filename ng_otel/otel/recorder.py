@@ -1,0 +1,303 @@
+"""``record_failure`` and ``observe_failure``: Gym failure events as OpenTelemetry signals.
+
+Each event becomes one ``ng.failure`` span event, its ``cause_id`` a span link to the span
+where the cause was recorded, and one count in ``ng.failures`` with bounded attributes only.
+An event id this process already knows (recorded here, or exported by a callee) is skipped,
+so each event is exported and counted exactly once across hops.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry._logs import Logger, SeverityNumber, get_logger
+from opentelemetry.context import Context
+from opentelemetry.metrics import Meter
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    Status,
+    StatusCode,
+    Tracer,
+)
+
+from ng_otel._version import __version__
+from ng_otel.contract.classify import DEFAULT_CLASSIFIER, FailureClassifier
+from ng_otel.contract.events import NgFailureEvent
+from ng_otel.contract.kinds import FAILURE_KINDS, is_well_formed
+from ng_otel.contract.report import FailureReport, failure_report_for
+from ng_otel.otel import names
+from ng_otel.otel._guard import guarded, log_internal_error
+from ng_otel.otel.failure_log import current_failure_log
+from ng_otel.otel.links import LinkIndex
+from ng_otel.otel.settings import Settings
+
+Failure = NgFailureEvent | FailureReport | BaseException
+
+
+class KindGuard:
+    """Bounds the ``ng.failure.kind`` metric label: a malformed kind is ``_invalid``; after
+    ``max_kinds`` distinct unregistered kinds, further new ones are ``_other``. Registered
+    kinds are always themselves."""
+
+    def __init__(self, max_kinds: int) -> None:
+        self._max_kinds = max_kinds
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def label(self, kind: str) -> str:
+        if kind in FAILURE_KINDS or kind in self._seen:
+            return kind
+        if not is_well_formed(kind):
+            return names.INVALID_KIND
+        with self._lock:
+            if len(self._seen) >= self._max_kinds:
+                return names.OTHER_KIND
+            self._seen.add(kind)
+        return kind
+
+
+class FailureRecorder:
+    """Turns failure records into span events, links, counts and (logs mode) log records."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        meter: Meter,
+        logger: Logger | None = None,
+        settings: Settings | None = None,
+        classifier: FailureClassifier = DEFAULT_CLASSIFIER,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.tracer = tracer
+        self.index = LinkIndex(self.settings.link_index_size)
+        self.kinds = KindGuard(self.settings.max_kinds)
+        self.classifier = classifier
+        self._spans = "spans" in self.settings.signals
+        self._logger = logger if "logs" in self.settings.signals else None
+        self._failures = meter.create_counter(
+            names.FAILURES_METRIC, unit=names.FAILURES_UNIT, description=names.FAILURES_DESCRIPTION
+        )
+        self.verify_outcomes = meter.create_counter(
+            names.VERIFY_METRIC, unit=names.VERIFY_UNIT, description=names.VERIFY_DESCRIPTION
+        )
+
+    def record(
+        self,
+        report: FailureReport,
+        span: Span | None = None,
+        *,
+        own: bool,
+        recovered: bool | None = None,
+    ) -> None:
+        """Record every event of ``report`` not known yet, causes before effects.
+
+        ``own`` marks ``report.failure_id`` as the span's own failure (``error.type``, status
+        ERROR). ``recovered`` forces the recovered attribute; by default an event is recovered
+        when it is off the chain of ``report.failure_id``.
+        """
+        target = span if span is not None else trace.get_current_span()
+        if recovered is None:
+            recovered_ids: Iterable[str] = report.recovered_ids()
+        else:
+            recovered_ids = report.events if recovered else ()
+        own_id = report.failure_id if own else None
+        for record in causes_first(report.events):
+            event_id = record["event_id"]
+            self.record_event(record, target, recovered=event_id in recovered_ids, own=event_id == own_id)
+
+    def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> None:
+        """Remember events a callee already exported (``X-NG-Failure-Context``), so effects
+        here link to their spans and the events are never exported again. ``None`` (the
+        callee's map was omitted) marks every event of ``report`` as exported, unlinked."""
+        if contexts is None:
+            for event_id in report.events:
+                self.index.add(event_id, INVALID_SPAN_CONTEXT)
+            return
+        for event_id, context in contexts.items():
+            if event_id in report.events:
+                self.index.set(event_id, context)
+
+    def record_event(self, record: Mapping[str, Any], target: Span, *, recovered: bool, own: bool) -> None:
+        event_id = record["event_id"]
+        if not self.index.add(event_id, INVALID_SPAN_CONTEXT):
+            return  # recorded here already, or exported by a callee: link to it, never copy
+        kind = record["failure_kind"]
+        stage = record.get("stage")
+        status = record.get("http_status")
+        failure_class = self.classifier.classify(kind, status).value
+        attributes: dict[str, Any] = {
+            names.ID: event_id,
+            names.BOUNDARY: record["boundary"],
+            names.KIND: kind,
+            names.REASON: record["failure_reason"],
+            names.RECOVERED: recovered,
+            names.CLASS: failure_class,
+        }
+        cause_id = record.get("cause_id")
+        links = []
+        if cause_id is not None:
+            attributes[names.CAUSE_ID] = cause_id
+            cause_context = self.index.get(cause_id)
+            if cause_context is not None and cause_context.is_valid:
+                link_attributes = {names.LINK_TYPE: names.LINK_CAUSED_BY, names.ID: event_id, names.CAUSE_ID: cause_id}
+                links.append(Link(cause_context, link_attributes))
+        if stage is not None:
+            attributes[names.STAGE] = stage
+        if status is not None:
+            attributes[names.HTTP_STATUS] = status
+        operation = record.get("operation")
+        if operation is not None:
+            attributes[names.OPERATION] = operation
+        foreign = record.get("foreign_error")
+        if foreign is not None:
+            attributes[names.FOREIGN_TYPE] = foreign["type"]
+            attributes[names.FOREIGN_MESSAGE] = foreign["message"]
+
+        span, late = target, not target.is_recording()
+        if late:
+            # An ended or unsampled span takes no events: a short span in the same trace does.
+            parent = target.get_span_context()
+            context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
+            span = self.tracer.start_span(names.LATE_SPAN_PREFIX + kind, context=context, links=links)
+        else:
+            for link in links:
+                span.add_link(link.context, link.attributes)
+        if self._spans:
+            span.add_event(names.EVENT, attributes)
+        if own:
+            _mark_error(span, kind)
+        if late:
+            span.end()
+        self.index.set(event_id, span.get_span_context())
+
+        labels: dict[str, Any] = {
+            names.BOUNDARY: record["boundary"],
+            names.KIND: self.kinds.label(kind),
+            names.RECOVERED: recovered,
+            names.CLASS: failure_class,
+        }
+        if stage is not None:
+            labels[names.STAGE] = stage
+        span_context = trace.set_span_in_context(span)  # exemplars point at the failure's span
+        self._failures.add(1, labels, context=span_context)
+        if self._logger is not None:
+            self._logger.emit(
+                event_name=names.EVENT,
+                body=kind,
+                attributes=attributes,
+                context=span_context,
+                severity_number=SeverityNumber.WARN if recovered else SeverityNumber.ERROR,
+            )
+
+
+def _mark_error(span: Span, kind: str) -> None:
+    current = getattr(span, "status", None)
+    if current is not None and current.status_code is StatusCode.ERROR:
+        return  # someone else decided this span's error first
+    existing = getattr(span, "attributes", None) or {}
+    if names.ERROR_TYPE not in existing:
+        span.set_attribute(names.ERROR_TYPE, kind)
+    span.set_status(Status(StatusCode.ERROR, kind))
+
+
+def causes_first(events: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Records ordered so that each cause comes before its effects (reports are acyclic)."""
+    done: set[str] = set()
+    ordered: list[Mapping[str, Any]] = []
+    for event_id in events:
+        stack = []
+        current: str | None = event_id
+        while current is not None and current not in done and current in events:
+            done.add(current)
+            stack.append(events[current])
+            current = events[current].get("cause_id")
+        ordered.extend(reversed(stack))
+    return ordered
+
+
+def as_report(failure: Failure) -> FailureReport | None:
+    if isinstance(failure, FailureReport):
+        return failure
+    if isinstance(failure, BaseException):
+        return failure_report_for(failure)
+    raise TypeError(f"expected an NgFailureEvent, a FailureReport or an exception, not {type(failure).__name__}")
+
+
+# -- the process-wide recorder ---------------------------------------------------------------
+
+
+def _enabled_from_env() -> bool:
+    try:
+        return Settings.from_env().enabled
+    except (TypeError, ValueError):
+        log_internal_error("NG_OTEL_* settings")
+        return True
+
+
+_enabled = _enabled_from_env()
+_recorder: FailureRecorder | None = None
+_recorder_lock = threading.Lock()
+
+
+def get_recorder() -> FailureRecorder:
+    """The installed recorder, or one bound to the global providers on first use."""
+    global _recorder
+    if _recorder is None:
+        with _recorder_lock:
+            if _recorder is None:
+                _recorder = FailureRecorder(
+                    trace.get_tracer(names.INSTRUMENTATION_SCOPE, __version__),
+                    metrics.get_meter(names.INSTRUMENTATION_SCOPE, __version__),
+                    get_logger(names.INSTRUMENTATION_SCOPE, __version__),
+                    Settings.from_env(),
+                )
+    return _recorder
+
+
+def install_recorder(recorder: FailureRecorder | None, *, enabled: bool = True) -> None:
+    """Make ``recorder`` the process-wide one (``None``: rebuild from globals on next use)."""
+    global _recorder, _enabled
+    with _recorder_lock:
+        _recorder, _enabled = recorder, enabled
+
+
+def is_enabled() -> bool:
+    return _enabled
+
+
+def record_failure(failure: Failure, *, span: Span | None = None) -> None:
+    """Record a failure as the current operation's own: an ``NgFailureEvent``, a
+    ``FailureReport`` or any exception with a Gym failure in its explicit chain.
+
+    Events go on ``span`` (default: the current span), the report's own failure marks the span
+    ERROR, and the current request's failure log (if any) keeps the report for the reply.
+    Never raises.
+    """
+    if _enabled:
+        _record(failure, span, own=True)
+
+
+def observe_failure(event: Failure) -> None:
+    """Record a failure recovered inside the current request (for example a retried model
+    attempt): ``recovered=true``, no span status, and kept for the reply's report, where it
+    never becomes the ``failure_id``. Never raises."""
+    if _enabled:
+        _record(event, None, own=False)
+
+
+@guarded
+def _record(failure: Failure, span: Span | None, *, own: bool) -> None:
+    report = as_report(failure)
+    if report is None:
+        return
+    get_recorder().record(report, span, own=own, recovered=None if own else True)
+    log = current_failure_log()
+    if log is not None:
+        log.add(report, own=own)
