@@ -10,6 +10,7 @@ exporters themselves). ``OTEL_SDK_DISABLED=true`` installs nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -25,6 +26,7 @@ from ng_otel.otel._guard import guarded
 from ng_otel.otel.recorder import FailureRecorder, install_recorder
 from ng_otel.otel.settings import Settings
 
+_log = logging.getLogger("ng_otel")
 _lock = threading.Lock()
 _installed: FailureRecorder | None = None
 _owned: list[Any] = []  # providers enable() created, flushed and shut down by shutdown()
@@ -48,7 +50,11 @@ def enable(
     with _lock:
         if _installed is not None:
             return _installed
-        settings = Settings.from_env(**overrides)
+        try:
+            settings = Settings.from_env(**overrides)
+        except (TypeError, ValueError) as error:
+            _log.warning("ng_otel: not enabled: %s", error)
+            return None
         if not settings.enabled:
             install_recorder(None, enabled=False)
             return None

@@ -1,0 +1,222 @@
+"""A real OTLP receiver for the test suite: gRPC and HTTP/protobuf on 127.0.0.1.
+
+The application's real OTLP exporters send to it over real sockets; tests read back what
+arrived as plain dicts. It can also refuse (UNAVAILABLE / 503) to simulate a collector in
+trouble.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+
+def any_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(any_value(item) for item in value.array_value.values)
+    if kind == "kvlist_value":
+        return {item.key: any_value(item.value) for item in value.kvlist_value.values}
+    return getattr(value, kind) if kind else None
+
+
+def attributes(items: Any) -> dict[str, Any]:
+    return {item.key: any_value(item.value) for item in items}
+
+
+class OtlpReceiver:
+    """Collects every OTLP export request it receives."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.traces: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self.metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+        self.logs: list[logs_service_pb2.ExportLogsServiceRequest] = []
+        self.refuse = False
+        self.export_calls = 0
+        self._grpc: grpc.Server | None = None
+        self._http: ThreadingHTTPServer | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> OtlpReceiver:
+        receiver = self
+
+        def store(kind: str, request: Any, context: Any, response: Any) -> Any:
+            with receiver._lock:
+                receiver.export_calls += 1
+                if receiver.refuse:
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "refusing for the test")
+                getattr(receiver, kind).append(request)
+            return response
+
+        class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:
+                return store("traces", request, context, trace_service_pb2.ExportTraceServiceResponse())
+
+        class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:
+                return store("metrics", request, context, metrics_service_pb2.ExportMetricsServiceResponse())
+
+        class Logs(logs_service_pb2_grpc.LogsServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:
+                return store("logs", request, context, logs_service_pb2.ExportLogsServiceResponse())
+
+        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self._grpc)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self._grpc)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), self._grpc)
+        self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+        self._grpc.start()
+
+        paths = {
+            "/v1/traces": ("traces", trace_service_pb2.ExportTraceServiceRequest,
+                           trace_service_pb2.ExportTraceServiceResponse),
+            "/v1/metrics": ("metrics", metrics_service_pb2.ExportMetricsServiceRequest,
+                            metrics_service_pb2.ExportMetricsServiceResponse),
+            "/v1/logs": ("logs", logs_service_pb2.ExportLogsServiceRequest,
+                         logs_service_pb2.ExportLogsServiceResponse),
+        }  # fmt: skip
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                route = paths.get(self.path)
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                encoding = self.headers.get("Content-Encoding", "")
+                if encoding == "gzip":
+                    body = gzip.decompress(body)
+                elif encoding == "deflate":
+                    body = zlib.decompress(body)
+                with receiver._lock:
+                    receiver.export_calls += 1
+                    refuse = receiver.refuse
+                if route is None or refuse:
+                    self.send_response(404 if route is None else 503)
+                    self.end_headers()
+                    return
+                kind, request_type, response_type = route
+                request = request_type()
+                request.ParseFromString(body)
+                with receiver._lock:
+                    getattr(receiver, kind).append(request)
+                payload = response_type().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http_port = self._http.server_address[1]
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(grace=None)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def clear(self) -> None:
+        with self._lock:
+            self.traces.clear()
+            self.metrics.clear()
+            self.logs.clear()
+
+    # -- what arrived ------------------------------------------------------------------
+
+    def spans(self) -> list[dict[str, Any]]:
+        found = []
+        with self._lock:
+            requests = list(self.traces)
+        for request in requests:
+            for resource_spans in request.resource_spans:
+                service = attributes(resource_spans.resource.attributes).get("service.name")
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        found.append({
+                            "service": service,
+                            "name": span.name,
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent_span_id": span.parent_span_id.hex() or None,
+                            "status": span.status.code,
+                            "attributes": attributes(span.attributes),
+                            "events": [{"name": e.name, "attributes": attributes(e.attributes)} for e in span.events],
+                            "links": [{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
+                                       "attributes": attributes(link.attributes)} for link in span.links],
+                        })  # fmt: skip
+        return found
+
+    def failure_events(self, event_name: str = "ng.failure") -> list[dict[str, Any]]:
+        """Each failure event with the span it arrived on."""
+        return [
+            {**event["attributes"], "_span": span}
+            for span in self.spans()
+            for event in span["events"]
+            if event["name"] == event_name
+        ]
+
+    def metric_points(self, name: str) -> list[dict[str, Any]]:
+        """The latest cumulative value of each (service, attributes) series of ``name``."""
+        latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        with self._lock:
+            requests = list(self.metrics)
+        for request in requests:
+            for resource_metrics in request.resource_metrics:
+                service = attributes(resource_metrics.resource.attributes).get("service.name")
+                for scope_metrics in resource_metrics.scope_metrics:
+                    for metric in scope_metrics.metrics:
+                        if metric.name != name:
+                            continue
+                        for point in metric.sum.data_points:
+                            labels = attributes(point.attributes)
+                            key = (service, tuple(sorted((k, str(v)) for k, v in labels.items())))
+                            value = point.as_int if point.HasField("as_int") else point.as_double
+                            latest[key] = {"service": service, "attributes": labels, "value": value,
+                                           "exemplars": len(point.exemplars)}  # fmt: skip
+        return list(latest.values())
+
+    def log_records(self) -> list[dict[str, Any]]:
+        found = []
+        with self._lock:
+            requests = list(self.logs)
+        for request in requests:
+            for resource_logs in request.resource_logs:
+                for scope_logs in resource_logs.scope_logs:
+                    for record in scope_logs.log_records:
+                        found.append({"event_name": record.event_name, "attributes": attributes(record.attributes),
+                                      "trace_id": record.trace_id.hex(), "span_id": record.span_id.hex()})  # fmt: skip
+        return found
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.05)
+        return predicate()

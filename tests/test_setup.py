@@ -1,0 +1,94 @@
+"""enable() in a fresh interpreter each time: providers are process-global in OpenTelemetry."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    import ng_otel
+    from ng_otel import NgFailureEvent, record_failure
+    from ng_otel.otel.setup import flush
+    from opentelemetry import trace
+
+    first = ng_otel.enable("agent-server")
+    assert ng_otel.enable("other") is first
+    try:
+        try:
+            raise NgFailureEvent("transport_timeout", "model timed out", boundary="model")
+        except NgFailureEvent as err:
+            raise NgFailureEvent("agent_run_error", "run failed", boundary="agent") from err
+    except NgFailureEvent as top:
+        with trace.get_tracer("app").start_as_current_span("POST /run"):
+            record_failure(top)
+    flush()
+    print("enabled" if first is not None else "disabled")
+    """
+)
+
+
+def run(env_extra, script=SCRIPT):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_enable_exports_over_otlp_from_the_standard_environment(otlp, protocol):
+    endpoint = otlp.grpc_endpoint if protocol == "grpc" else otlp.http_endpoint
+    done = run({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                "OTEL_METRIC_EXPORT_INTERVAL": "60000"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "enabled"
+    assert otlp.wait_for(lambda: len(otlp.failure_events()) == 2)
+    (span,) = otlp.spans()
+    assert span["service"] == "agent-server" and span["name"] == "POST /run"
+    assert [e["ng.failure.kind"] for e in otlp.failure_events()] == ["transport_timeout", "agent_run_error"]
+    assert len(span["links"]) == 1
+    assert otlp.wait_for(lambda: sum(p["value"] for p in otlp.metric_points("ng.failures")) == 2)
+
+
+def test_disabled_by_environment_sends_nothing(otlp):
+    done = run({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint, "NG_OTEL_ENABLED": "0"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "disabled"
+    assert otlp.spans() == [] and otlp.metric_points("ng.failures") == []
+
+
+def test_enable_reuses_providers_the_application_installed():
+    script = (
+        textwrap.dedent(
+            """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        """
+        )
+        + SCRIPT
+        + "print(sum(len(s.events) for s in exporter.get_finished_spans()))\n"
+    )
+    done = run({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}, script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["enabled", "2"]
+    assert "Overriding of current TracerProvider" not in done.stderr
+
+
+def test_a_collector_that_is_down_never_breaks_the_program():
+    done = run({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+                "OTEL_BSP_EXPORT_TIMEOUT": "1000"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "enabled"
+
+
+def test_malformed_settings_are_reported_and_do_not_raise():
+    done = run({"NG_OTEL_SIGNALS": "traces", "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"})
+    assert done.returncode == 0, done.stderr
+    assert "ng_otel: not enabled: NG_OTEL_SIGNALS: expected spans, logs or spans,logs" in done.stderr
