@@ -298,7 +298,15 @@ def test_link_index_is_an_lru_with_flat_memory():
 
 @pytest.mark.parametrize(
     "value",
-    ["{}x", "[]", '{"a": 1}', '{"a": "zz-1"}', f'{{"bad id": "{1:032x}-{1:016x}"}}', f'{{"a": "{0:032x}-{1:016x}"}}'],
+    [
+        "{}x",
+        "[]",
+        '{"a": 1}',
+        '{"a": "zz-1"}',
+        f'{{"bad id": "{1:032x}-{1:016x}"}}',
+        f'{{"a": "{0:032x}-{1:016x}"}}',
+        f'{{"a": "{1:032x}-{0:016x}"}}',
+    ],
 )
 def test_malformed_context_headers_raise_value_error(value):
     with pytest.raises(ValueError, match="X-NG-Failure-Context"):

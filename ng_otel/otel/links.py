@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags
 
 from ng_otel.contract.events import ID_PATTERN
 from ng_otel.contract.header import OMITTED_VALUE, check_header_value, encode_header_json
@@ -88,6 +88,11 @@ def decode_context_header(value: str | bytes) -> dict[str, SpanContext] | None:
         data = json.loads(text)
     except ValueError:
         raise ValueError(f"{CONTEXT_HEADER}: value is not JSON") from None
+    return decode_context_map(data)
+
+
+def decode_context_map(data: object) -> dict[str, SpanContext] | None:
+    """The decoded JSON of a context header (or a saved row's contexts)."""
     if not isinstance(data, dict):
         raise ValueError(f"{CONTEXT_HEADER}: value must be a JSON object")
     if data == {"omitted": True}:
@@ -100,6 +105,9 @@ def decode_context_header(value: str | bytes) -> dict[str, SpanContext] | None:
             raise ValueError(f"{CONTEXT_HEADER}: {event_id}: expected <32 hex trace id>-<16 hex span id>")
         trace_id, span_id = int(raw[:32], 16), int(raw[33:], 16)
         if not trace_id or not span_id:
-            raise ValueError(f"{CONTEXT_HEADER}: {event_id}: trace and span ids must not be zero")
+            if trace_id or span_id:
+                raise ValueError(f"{CONTEXT_HEADER}: {event_id}: trace and span ids are both zero or neither")
+            contexts[event_id] = INVALID_SPAN_CONTEXT  # exported by the callee, on a span it cannot name
+            continue
         contexts[event_id] = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
     return contexts

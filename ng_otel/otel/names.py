@@ -49,8 +49,15 @@ OTHER_KIND: Final = "_other"  # metric label once NG_OTEL_MAX_KINDS distinct kin
 
 CONTEXT_HEADER: Final = "X-NG-Failure-Context"
 """Reply header: JSON map event id -> ``<32 hex trace id>-<16 hex span id>`` of the span on
-which the callee recorded it."""
+which the callee recorded it; all zeros when it was exported on a span it cannot name."""
 SSE_EVENT: Final = "ng_failure_report"
 """Server-sent event name carrying the report when a streamed reply's headers are gone."""
+SSE_CONTEXT_EVENT: Final = "ng_failure_context"
+"""Server-sent event name carrying the context map after ``ng_failure_report``."""
+
+ROW_CONTEXTS: Final = "_ng_failure_contexts"
+"""Collection row key beside the contract's: event id -> span context, as in the header."""
+REPLAY_SPAN: Final = "ng.replay"
+"""Span that carries the events of one replayed row that were not exported live."""
 
 INSTRUMENTATION_SCOPE: Final = "ng_otel"

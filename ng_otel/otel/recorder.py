@@ -95,12 +95,12 @@ class FailureRecorder:
         *,
         own: bool,
         recovered: bool | None = None,
-    ) -> None:
+    ) -> int:
         """Record every event of ``report`` not known yet, causes before effects.
 
         ``own`` marks ``report.failure_id`` as the span's own failure (``error.type``, status
         ERROR). ``recovered`` forces the recovered attribute; by default an event is recovered
-        when it is off the chain of ``report.failure_id``.
+        when it is off the chain of ``report.failure_id``. Returns how many were new.
         """
         target = span if span is not None else trace.get_current_span()
         if recovered is None:
@@ -108,9 +108,11 @@ class FailureRecorder:
         else:
             recovered_ids = report.events if recovered else ()
         own_id = report.failure_id if own else None
+        recorded = 0
         for record in causes_first(report.events):
             event_id = record["event_id"]
-            self.record_event(record, target, recovered=event_id in recovered_ids, own=event_id == own_id)
+            recorded += self.record_event(record, target, recovered=event_id in recovered_ids, own=event_id == own_id)
+        return recorded
 
     def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> None:
         """Remember events a callee already exported (``X-NG-Failure-Context``), so effects
@@ -124,10 +126,11 @@ class FailureRecorder:
             if event_id in report.events:
                 self.index.set(event_id, context)
 
-    def record_event(self, record: Mapping[str, Any], target: Span, *, recovered: bool, own: bool) -> None:
+    def record_event(self, record: Mapping[str, Any], target: Span, *, recovered: bool, own: bool) -> bool:
+        """Record one event unless its id is known; True when it was recorded now."""
         event_id = record["event_id"]
         if not self.index.add(event_id, INVALID_SPAN_CONTEXT):
-            return  # recorded here already, or exported by a callee: link to it, never copy
+            return False  # recorded here already, or exported by a callee: link to it, never copy
         kind = record["failure_kind"]
         stage = record.get("stage")
         status = record.get("http_status")
@@ -195,6 +198,7 @@ class FailureRecorder:
                 context=span_context,
                 severity_number=SeverityNumber.WARN if recovered else SeverityNumber.ERROR,
             )
+        return True
 
 
 def _mark_error(span: Span, kind: str) -> None:

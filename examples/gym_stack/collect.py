@@ -1,0 +1,73 @@
+"""Rollout collection: run each scenario through the agent and save one row per rollout with
+the failures its reply reported (the `_ng_failure_*` keys)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+from opentelemetry import trace
+
+import ng_otel
+from ng_otel.integrations.aiohttp import failure_trace_config, reply_report
+from ng_otel.integrations.collection import report_row
+
+SCENARIOS = (
+    "model_timeout",
+    "retry_recovered",
+    "judge_failed",
+    "masked",
+    "oversized",
+    "foreign_between",
+    "malformed_header",
+    "ok",
+)
+
+
+async def collect(agent_url: str, scenarios: tuple[str, ...] = SCENARIOS) -> list[dict[str, Any]]:
+    """One row per scenario, in order."""
+    ng_otel.enable("rollout-collection")
+    tracer = trace.get_tracer("gym.collection")
+    rows = []
+    async with aiohttp.ClientSession(trace_configs=[failure_trace_config(boundary="collection")]) as session:
+        for scenario in scenarios:
+            with tracer.start_as_current_span(f"rollout {scenario}") as span:
+                async with session.post(f"{agent_url}/run", json={"scenario": scenario}) as response:
+                    body = await response.json(content_type=None)
+                    status = response.status
+                    report = reply_report(response, boundary="collection")
+                trace_id = f"{span.get_span_context().trace_id:032x}"
+            row: dict[str, Any] = {"scenario": scenario, "status": status, "trace_id": trace_id}
+            row["result" if status < 400 else "error"] = body
+            rows.append({**row, **report_row(report)})
+    return rows
+
+
+def run(agent_url: str, scenarios: tuple[str, ...] = SCENARIOS) -> list[dict[str, Any]]:
+    return asyncio.run(collect(agent_url, scenarios))
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+
+    from ng_otel.otel.setup import shutdown
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--agent-url", required=True)
+    parser.add_argument("--out", required=True, help="JSON lines, one row per rollout")
+    parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
+    args = parser.parse_args()
+    AioHttpClientInstrumentor().instrument()
+    rows = run(args.agent_url, tuple(args.scenario) if args.scenario else SCENARIOS)
+    with open(args.out, "w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The framework-free half of every HTTP adapter: what a reply carries, what a caller learns.
+
+A server adds ``X-NG-Failure-Report`` (the request's failures) and ``X-NG-Failure-Context``
+(where each was recorded) to a reply that has failures; a healthy reply carries nothing. A
+caller reads both: events the callee exported are linked, never exported again; events
+from a peer without ng_otel are exported here, once; a malformed header becomes one
+``protocol_violation`` event at the caller's boundary and never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from ng_otel.contract.events import NgFailureEvent, bound_text
+from ng_otel.contract.header import REPORT_HEADER
+from ng_otel.contract.kinds import PROTOCOL_VIOLATION
+from ng_otel.contract.report import FailureReport, find_boundary_failure
+from ng_otel.otel import names
+from ng_otel.otel._guard import guarded
+from ng_otel.otel.failure_log import FailureLog, current_failure_log
+from ng_otel.otel.links import decode_context_header, encode_context_header
+from ng_otel.otel.recorder import get_recorder, is_enabled, observe_failure
+
+MAX_RAW_SHOWN = 512  # how much of a malformed header a protocol_violation reason quotes
+
+
+def reply_headers(log: FailureLog) -> list[tuple[str, str]]:
+    """The two reply headers for what ``log`` holds; none when nothing was observed."""
+    if not log:
+        return []
+    report = log.report
+    headers = [(REPORT_HEADER, report.to_header())]
+    contexts = get_recorder().index.contexts_for(report.events)
+    if contexts:
+        headers.append((names.CONTEXT_HEADER, encode_context_header(contexts)))
+    return headers
+
+
+def failure_reply(error: BaseException) -> tuple[int, bytes] | None:
+    """Status and JSON body for an escaping exception with a Gym failure in its chain."""
+    failure = find_boundary_failure(error)
+    if failure is None:
+        return None
+    body = json.dumps({"failure": failure.to_record()}, ensure_ascii=True, separators=(",", ":"))
+    return failure.http_status or 500, body.encode("ascii")
+
+
+@guarded
+def observe_reply(get_header: Callable[[str], str | None], boundary: str) -> FailureReport | None:
+    """Learn what a callee's reply says failed, feed the current request's failure log, and
+    return the decoded report (``None`` when the reply carries none or it was malformed)."""
+    if not is_enabled():
+        return None
+    raw = get_header(REPORT_HEADER)
+    if raw is None:
+        return None
+    try:
+        report = FailureReport.from_header(raw)
+    except ValueError as error:
+        _protocol_violation(REPORT_HEADER, raw, error, boundary)
+        return None
+    raw_contexts = get_header(names.CONTEXT_HEADER)
+    recorder = get_recorder()
+    if raw_contexts is None:
+        recorder.record(report, own=False)  # a peer without ng_otel: its events are ours to export
+    else:
+        try:
+            contexts = decode_context_header(raw_contexts)
+        except ValueError as error:
+            _protocol_violation(names.CONTEXT_HEADER, raw_contexts, error, boundary)
+            contexts = None  # the peer did export them; we only lose the links
+        recorder.learn_remote(report, contexts)
+    log = current_failure_log()
+    if log is not None:
+        log.add(report, own=False)
+    return report
+
+
+def _protocol_violation(header: str, raw: Any, error: ValueError, boundary: str) -> None:
+    shown = raw if isinstance(raw, str) else repr(raw)
+    reason = f"malformed {header} from peer: {error}; raw value: {bound_text(json.dumps(shown), MAX_RAW_SHOWN)}"
+    observe_failure(NgFailureEvent(PROTOCOL_VIOLATION, reason, boundary=boundary))

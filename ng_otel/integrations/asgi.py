@@ -1,0 +1,156 @@
+"""``FailureReportMiddleware``: a pure ASGI middleware for FastAPI and Starlette.
+
+    app.add_middleware(FailureReportMiddleware)
+
+Per request it opens the failure log that ``record_failure``, ``observe_failure`` and the
+aiohttp client hook feed; every reply with failures carries ``X-NG-Failure-Report`` and
+``X-NG-Failure-Context`` (a ``text/event-stream`` reply gets them as a final
+``ng_failure_report`` event instead, since its headers are gone). An exception with a Gym
+failure in its explicit chain is recorded on the server span and answered with the failure's
+``http_status`` (500 without one) and a JSON body. Handlers the app registered for exceptions
+are wrapped so that a failure they turn into a reply is still recorded and reported.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from opentelemetry import trace
+
+from ng_otel.integrations._exchange import failure_reply, reply_headers
+from ng_otel.otel import names
+from ng_otel.otel._guard import guarded
+from ng_otel.otel.failure_log import FailureLog, close_failure_log, open_failure_log
+from ng_otel.otel.recorder import is_enabled, record_failure
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_MAX_APP_DEPTH = 32  # how far down the middleware chain to look for exception handlers
+
+
+class FailureReportMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        _wrap_exception_handlers(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_enabled():
+            await self.app(scope, receive, send)
+            return
+        log, token = open_failure_log()
+        server_span = trace.get_current_span()
+        reply = _Reply(send, log)
+        try:
+            await self.app(scope, receive, reply.send)
+        except Exception as error:
+            answer = failure_reply(error)
+            if answer is None:
+                raise
+            record_failure(error, span=server_span)
+            if reply.started:
+                await reply.finish_stream()
+                raise
+            await reply.send_failure(*answer)
+        finally:
+            close_failure_log(token)
+
+
+class _Reply:
+    """Forwards the app's messages, adding the report where the reply can still carry it."""
+
+    __slots__ = ("_finished", "_log", "_send", "_stream", "started")
+
+    def __init__(self, send: Send, log: FailureLog) -> None:
+        self._send = send
+        self._log = log
+        self.started = False
+        self._stream = False
+        self._finished = False
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.started = True
+            self._stream = _is_event_stream(message.get("headers", ()))
+            if self._log and not self._stream:
+                message = {**message, "headers": [*message.get("headers", ()), *_encoded(reply_headers(self._log))]}
+        elif kind == "http.response.body" and self._stream and not message.get("more_body", False):
+            await self._send_report_event()
+            self._finished = True
+        await self._send(message)
+
+    async def send_failure(self, status: int, body: bytes) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await self._send({"type": "http.response.start", "status": status,
+                          "headers": headers + _encoded(reply_headers(self._log))})  # fmt: skip
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def finish_stream(self) -> None:
+        """A stream broken by a failure still ends with its report when it can."""
+        if self._stream and not self._finished:
+            await self._send_report_event()
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            self._finished = True
+
+    async def _send_report_event(self) -> None:
+        lines = [f"event: {names.SSE_EVENT}\ndata: {value}\n\n" if name == names.REPORT_HEADER
+                 else f"event: {names.SSE_CONTEXT_EVENT}\ndata: {value}\n\n"
+                 for name, value in reply_headers(self._log)]  # fmt: skip
+        if lines:
+            await self._send({"type": "http.response.body", "body": "".join(lines).encode("ascii"), "more_body": True})
+
+
+def _is_event_stream(headers: Any) -> bool:
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return bool(value.lower().startswith(b"text/event-stream"))
+    return False
+
+
+def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.lower().encode("ascii"), value.encode("ascii")) for name, value in headers]
+
+
+@guarded
+def _wrap_exception_handlers(app: Any) -> None:
+    # Starlette's ExceptionMiddleware sits inside user middleware: a handler registered there
+    # turns a failure into a reply before this middleware could see the exception.
+    node = app
+    for _ in range(_MAX_APP_DEPTH):
+        handlers = getattr(node, "_exception_handlers", None)
+        if isinstance(handlers, dict):
+            for key, handler in list(handlers.items()):
+                if not getattr(handler, "_ng_otel_wrapped", False):
+                    handlers[key] = _recording(handler)
+        node = getattr(node, "app", None)
+        if node is None:
+            return
+
+
+def _recording(handler: Callable[..., Any]) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(handler):
+
+        async def async_wrapper(request: Any, error: Exception) -> Any:
+            _record_handled(error)
+            return await handler(request, error)
+
+        wrapper: Callable[..., Any] = async_wrapper
+    else:
+
+        def sync_wrapper(request: Any, error: Exception) -> Any:
+            _record_handled(error)
+            return handler(request, error)
+
+        wrapper = sync_wrapper
+    wrapper._ng_otel_wrapped = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _record_handled(error: BaseException) -> None:
+    record_failure(error)  # guarded: never raises into the app's handler

@@ -1,0 +1,104 @@
+"""Rollout collection: save each reply's failures beside its row, and replay saved rows.
+
+    async with session.post(agent_url, json=task) as response:
+        row = {**await response.json(), **report_row(reply_report(response))}
+
+Rows keep the contract's keys (``_ng_failure_events``, ``_ng_failure_id``,
+``_ng_failure_events_omitted``) plus ``_ng_failure_contexts``, the span contexts the events
+were exported on, so a replay links to the live traces instead of exporting them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.trace import SpanContext
+
+from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
+from ng_otel.contract.report import FailureReport
+from ng_otel.otel import names
+from ng_otel.otel.links import decode_context_map, format_span_context
+from ng_otel.otel.recorder import get_recorder, is_enabled
+
+
+def report_row(report: FailureReport | None, contexts: Mapping[str, SpanContext] | None = None) -> dict[str, Any]:
+    """The row keys for ``report``; ``contexts`` defaults to where this process knows each
+    event was exported. An empty report adds no key, so healthy rows stay as they were."""
+    row: dict[str, Any] = {}
+    if report is None:
+        return row
+    if report.events:
+        row[ROW_EVENTS] = {event_id: dict(record) for event_id, record in report.events.items()}
+    if report.failure_id is not None:
+        row[ROW_FAILURE_ID] = report.failure_id
+    if report.omitted:
+        row[ROW_OMITTED] = True
+    if contexts is None and is_enabled():
+        contexts = get_recorder().index.contexts_for(report.events)
+    if contexts:
+        row[names.ROW_CONTEXTS] = {event_id: format_span_context(ctx) for event_id, ctx in contexts.items()}
+    return row
+
+
+def row_report(row: Mapping[str, Any]) -> FailureReport | None:
+    """The report a saved row holds, or ``None`` for a row without one (old rows). Raises
+    ``ValueError`` naming what is wrong."""
+    if not isinstance(row, Mapping):
+        raise ValueError("row: must be a JSON object")
+    if ROW_EVENTS not in row and ROW_FAILURE_ID not in row and ROW_OMITTED not in row:
+        return None
+    omitted = row.get(ROW_OMITTED, False)
+    if not isinstance(omitted, bool):
+        raise ValueError(f"{ROW_OMITTED}: must be a boolean")
+    return FailureReport.from_dict(
+        {"events": row.get(ROW_EVENTS, {}), "omitted": omitted}
+        | ({"failure_id": row[ROW_FAILURE_ID]} if row.get(ROW_FAILURE_ID) is not None else {})
+    )
+
+
+def row_contexts(row: Mapping[str, Any]) -> dict[str, SpanContext] | None:
+    """The saved span contexts of a row (``None`` when it saved none)."""
+    saved = row.get(names.ROW_CONTEXTS)
+    if saved is None:
+        return None
+    try:
+        return decode_context_map(saved)
+    except ValueError as error:
+        raise ValueError(f"{names.ROW_CONTEXTS}: {error}") from None
+
+
+@dataclass
+class ReplaySummary:
+    rows: int = 0
+    with_failures: int = 0
+    events_recorded: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+def replay_rows(rows: Iterable[Mapping[str, Any]], *, first_line: int = 1) -> ReplaySummary:
+    """Turn saved rows back into telemetry through the configured providers. Events saved
+    with a live span context are linked to, never exported again; a row with bad data is
+    skipped and reported with its line number."""
+    recorder = get_recorder()
+    summary = ReplaySummary()
+    for line, row in enumerate(rows, start=first_line):
+        summary.rows += 1
+        try:
+            report = row_report(row)
+            contexts = row_contexts(row) if report is not None else None
+        except ValueError as error:
+            summary.skipped.append((line, str(error)))
+            continue
+        if report is None or not report.events:
+            continue
+        summary.with_failures += 1
+        if contexts:
+            recorder.learn_remote(report, contexts)
+        span = recorder.tracer.start_span(names.REPLAY_SPAN)
+        try:
+            summary.events_recorded += recorder.record(report, span, own=True)
+        finally:
+            span.end()
+    return summary

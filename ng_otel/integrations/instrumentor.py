@@ -1,0 +1,97 @@
+"""``opentelemetry-instrument`` support: FastAPI/Starlette apps and aiohttp client sessions
+get ng_otel with no code change (entry point ``opentelemetry_instrumentor`` named ``ng_otel``;
+disable it with ``NG_OTEL_ENABLED=0`` or ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=ng_otel``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection
+from typing import Any
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+
+from ng_otel.otel._guard import guarded
+from ng_otel.otel.setup import enable
+
+_PATCHED: list[tuple[Any, str, Any]] = []
+
+
+class NgOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ()  # each framework is patched only when it is installed
+
+    def _instrument(self, **kwargs: Any) -> None:
+        if enable() is None:
+            return
+        _patch_asgi_apps()
+        _patch_aiohttp_sessions()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        while _PATCHED:
+            owner, name, original = _PATCHED.pop()
+            setattr(owner, name, original)
+
+
+def _patch(owner: Any, name: str, make: Any) -> None:
+    original = owner.__dict__.get(name)
+    if original is None or getattr(original, "_ng_otel_patched", False):
+        return
+    patched = make(original)
+    patched._ng_otel_patched = True
+    setattr(owner, name, patched)
+    _PATCHED.append((owner, name, original))
+
+
+@guarded
+def _patch_asgi_apps() -> None:
+    try:
+        from starlette.applications import Starlette
+    except ImportError:
+        return
+    from ng_otel.integrations.asgi import FailureReportMiddleware
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def build_middleware_stack(self: Any) -> Any:
+            if not any(m.cls is FailureReportMiddleware for m in self.user_middleware):
+                self.user_middleware.insert(0, _middleware(FailureReportMiddleware))
+            return original(self)
+
+        return build_middleware_stack
+
+    classes: list[Any] = [Starlette]
+    try:
+        from fastapi import FastAPI
+
+        classes.append(FastAPI)
+    except ImportError:
+        pass
+    for cls in classes:
+        _patch(cls, "build_middleware_stack", make)
+
+
+def _middleware(cls: Any) -> Any:
+    from starlette.middleware import Middleware
+
+    return Middleware(cls)
+
+
+@guarded
+def _patch_aiohttp_sessions() -> None:
+    try:
+        import aiohttp
+    except ImportError:
+        return
+    from ng_otel.integrations.aiohttp import failure_trace_config
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, trace_configs: Any = None, **kwargs: Any) -> None:
+            configs = list(trace_configs or [])
+            configs.append(failure_trace_config())
+            original(self, *args, trace_configs=configs, **kwargs)
+
+        return __init__
+
+    _patch(aiohttp.ClientSession, "__init__", make)
