@@ -47,7 +47,9 @@ def test_enable_exports_over_otlp_from_the_standard_environment(otlp, protocol):
     (span,) = otlp.spans()
     assert span["service"] == "agent-server" and span["name"] == "POST /run"
     assert [e["ng.failure.kind"] for e in otlp.failure_events()] == ["transport_timeout", "agent_run_error"]
-    assert len(span["links"]) == 1
+    assert span["links"] == []  # the cause is on this same span: ng.failure.cause_id names it
+    cause_id = otlp.failure_events()[1]["ng.failure.cause_id"]
+    assert cause_id == otlp.failure_events()[0]["ng.failure.id"]
     assert otlp.wait_for(lambda: sum(p["value"] for p in otlp.metric_points("ng.failures")) == 2)
 
 

@@ -27,7 +27,10 @@ def main() -> None:
         app = agent_app(args.model_url, args.resources_url)
     sock = socket.socket(fileno=args.fd)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+    try:
+        asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+    except KeyboardInterrupt:  # SIGINT is how the parent stops us; atexit then flushes telemetry
+        pass
 
 
 if __name__ == "__main__":

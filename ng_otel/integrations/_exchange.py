@@ -16,7 +16,7 @@ from typing import Any
 from ng_otel.contract.events import NgFailureEvent, bound_text
 from ng_otel.contract.header import REPORT_HEADER
 from ng_otel.contract.kinds import PROTOCOL_VIOLATION
-from ng_otel.contract.report import FailureReport, find_boundary_failure
+from ng_otel.contract.report import FailureReport, failure_report_for
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import FailureLog, current_failure_log
@@ -38,13 +38,15 @@ def reply_headers(log: FailureLog) -> list[tuple[str, str]]:
     return headers
 
 
-def failure_reply(error: BaseException) -> tuple[int, bytes] | None:
-    """Status and JSON body for an escaping exception with a Gym failure in its chain."""
-    failure = find_boundary_failure(error)
-    if failure is None:
+def failure_reply(error: BaseException) -> tuple[int, bytes, FailureReport] | None:
+    """Status, JSON body and report for an escaping exception with a Gym failure in its
+    explicit chain; ``None`` for any other exception."""
+    report = failure_report_for(error)
+    if report is None or report.failure_id is None:
         return None
-    body = json.dumps({"failure": failure.to_record()}, ensure_ascii=True, separators=(",", ":"))
-    return failure.http_status or 500, body.encode("ascii")
+    failure = report.events[report.failure_id]
+    body = json.dumps({"failure": failure}, ensure_ascii=True, separators=(",", ":"))
+    return failure.get("http_status") or 500, body.encode("ascii"), report
 
 
 @guarded

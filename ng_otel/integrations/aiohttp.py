@@ -96,8 +96,8 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
             answer = failure_reply(error)
             if answer is None:
                 raise
-            record_failure(error)
-            status, body = answer
+            status, body, report = answer
+            record_failure(report)
             response = web.Response(status=status, body=body, content_type="application/json")
         if not response.prepared:
             for name, value in reply_headers(log):

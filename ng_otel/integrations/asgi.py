@@ -52,11 +52,12 @@ class FailureReportMiddleware:
             answer = failure_reply(error)
             if answer is None:
                 raise
-            record_failure(error, span=server_span)
+            status, body, report = answer
+            record_failure(report, span=server_span)
             if reply.started:
                 await reply.finish_stream()
                 raise
-            await reply.send_failure(*answer)
+            await reply.send_failure(status, body)
         finally:
             close_failure_log(token)
 

@@ -96,6 +96,8 @@ def replay_rows(rows: Iterable[Mapping[str, Any]], *, first_line: int = 1) -> Re
         summary.with_failures += 1
         if contexts:
             recorder.learn_remote(report, contexts)
+        if all(event_id in recorder.index for event_id in report.events):
+            continue  # exported live already: nothing to add
         span = recorder.tracer.start_span(names.REPLAY_SPAN)
         try:
             summary.events_recorded += recorder.record(report, span, own=True)

@@ -108,10 +108,11 @@ class FailureRecorder:
         else:
             recovered_ids = report.events if recovered else ()
         own_id = report.failure_id if own else None
+        on = _Target(target)
         recorded = 0
         for record in causes_first(report.events):
             event_id = record["event_id"]
-            recorded += self.record_event(record, target, recovered=event_id in recovered_ids, own=event_id == own_id)
+            recorded += self.record_event(record, on, recovered=event_id in recovered_ids, own=event_id == own_id)
         return recorded
 
     def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> None:
@@ -126,11 +127,60 @@ class FailureRecorder:
             if event_id in report.events:
                 self.index.set(event_id, context)
 
-    def record_event(self, record: Mapping[str, Any], target: Span, *, recovered: bool, own: bool) -> bool:
+    def record_event(
+        self,
+        record: Mapping[str, Any],
+        target: _Target,
+        *,
+        recovered: bool,
+        own: bool,
+    ) -> bool:
         """Record one event unless its id is known; True when it was recorded now."""
         event_id = record["event_id"]
+        if target.recording:
+            # Claimed with the span it goes on, so a concurrent recorder of the same id skips it.
+            if not self.index.add(event_id, target.context):
+                return False  # recorded here already, or exported by a callee: link, never copy
+            self._emit(record, target, recovered=recovered, own=own)
+            return True
         if not self.index.add(event_id, INVALID_SPAN_CONTEXT):
-            return False  # recorded here already, or exported by a callee: link to it, never copy
+            return False
+        # An ended or unsampled span takes no events: a short span in the same trace does, with
+        # its links set at creation.
+        parent = target.context
+        context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
+        links = self._links(record, target)
+        span = self.tracer.start_span(names.LATE_SPAN_PREFIX + record["failure_kind"], context=context, links=links)
+        try:
+            self._emit(record, _Target(span), recovered=recovered, own=own, linked=True)
+        finally:
+            span.end()
+        self.index.set(event_id, span.get_span_context())
+        return True
+
+    def _links(self, record: Mapping[str, Any], target: _Target) -> list[Link]:
+        cause_id = record.get("cause_id")
+        if cause_id is None:
+            return []
+        cause_context = self.index.get(cause_id)
+        # A cause recorded on this very span needs no link: cause_id on the event says it.
+        if cause_context is None or not cause_context.is_valid or cause_context == target.context:
+            return []
+        event_id = record["event_id"]
+        attributes = {names.LINK_TYPE: names.LINK_CAUSED_BY, names.ID: event_id, names.CAUSE_ID: cause_id}
+        return [Link(cause_context, attributes)]
+
+    def _emit(
+        self,
+        record: Mapping[str, Any],
+        target: _Target,
+        *,
+        recovered: bool,
+        own: bool,
+        linked: bool = False,
+    ) -> None:
+        span = target.span
+        event_id = record["event_id"]
         kind = record["failure_kind"]
         stage = record.get("stage")
         status = record.get("http_status")
@@ -144,13 +194,8 @@ class FailureRecorder:
             names.CLASS: failure_class,
         }
         cause_id = record.get("cause_id")
-        links = []
         if cause_id is not None:
             attributes[names.CAUSE_ID] = cause_id
-            cause_context = self.index.get(cause_id)
-            if cause_context is not None and cause_context.is_valid:
-                link_attributes = {names.LINK_TYPE: names.LINK_CAUSED_BY, names.ID: event_id, names.CAUSE_ID: cause_id}
-                links.append(Link(cause_context, link_attributes))
         if stage is not None:
             attributes[names.STAGE] = stage
         if status is not None:
@@ -163,22 +208,13 @@ class FailureRecorder:
             attributes[names.FOREIGN_TYPE] = foreign["type"]
             attributes[names.FOREIGN_MESSAGE] = foreign["message"]
 
-        span, late = target, not target.is_recording()
-        if late:
-            # An ended or unsampled span takes no events: a short span in the same trace does.
-            parent = target.get_span_context()
-            context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
-            span = self.tracer.start_span(names.LATE_SPAN_PREFIX + kind, context=context, links=links)
-        else:
-            for link in links:
+        if not linked:
+            for link in self._links(record, target):
                 span.add_link(link.context, link.attributes)
         if self._spans:
             span.add_event(names.EVENT, attributes)
         if own:
             _mark_error(span, kind)
-        if late:
-            span.end()
-        self.index.set(event_id, span.get_span_context())
 
         labels: dict[str, Any] = {
             names.BOUNDARY: record["boundary"],
@@ -188,17 +224,28 @@ class FailureRecorder:
         }
         if stage is not None:
             labels[names.STAGE] = stage
-        span_context = trace.set_span_in_context(span)  # exemplars point at the failure's span
-        self._failures.add(1, labels, context=span_context)
+        self._failures.add(1, labels, context=target.exemplar_context)
         if self._logger is not None:
             self._logger.emit(
                 event_name=names.EVENT,
                 body=kind,
                 attributes=attributes,
-                context=span_context,
+                context=target.exemplar_context,
                 severity_number=SeverityNumber.WARN if recovered else SeverityNumber.ERROR,
             )
-        return True
+
+
+class _Target:
+    """The span failures go on, with what every event needs from it computed once."""
+
+    __slots__ = ("context", "exemplar_context", "recording", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.context = span.get_span_context()
+        self.recording = span.is_recording()
+        # Exemplars on the counter point at the failure's span, current or not.
+        self.exemplar_context = trace.set_span_in_context(span) if self.recording else None
 
 
 def _mark_error(span: Span, kind: str) -> None:

@@ -1,0 +1,115 @@
+"""p50 latency of the same app with and without ng_otel, both with OpenTelemetry's FastAPI
+instrumentation, each server its own process, called alternately from this one.
+
+Targets: a request with no failure at most 1.05x; a reply carrying a three-event chain at
+most 1.15x. Run: .venv/bin/python bench/latency.py [requests per variant, default 3000]
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _measure import report  # noqa: E402
+
+# Both servers share one core and the client has the other: requests are sequential, so the
+# servers never compete, and no process migrates between cores mid-measurement.
+CPUS = sorted(os.sched_getaffinity(0))
+CLIENT_CPUS, SERVER_CPUS = ({CPUS[0]}, {CPUS[-1]}) if len(CPUS) > 1 else (set(CPUS), set(CPUS))
+
+
+def _pin(cpus: set[int]):  # type: ignore[no-untyped-def]
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+
+
+def start(variant: str) -> tuple[subprocess.Popen[bytes], int, socket.socket]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    process = subprocess.Popen([sys.executable, str(HERE / "_latency_app.py"), str(sock.fileno()), variant],
+                               pass_fds=(sock.fileno(),), env=ENV, preexec_fn=_pin(SERVER_CPUS))  # fmt: skip
+    return process, sock.getsockname()[1], sock
+
+
+def wait_ready(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            connection.request("GET", "/ok")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("benchmark server did not start")
+
+
+class KeepAliveClient:
+    """A minimal HTTP/1.1 client: the cost measured is the server's, not a client's header
+    parser (http.client parses headers with the email package, which would bill every extra
+    header byte to the server)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def get(self, path: str) -> bytes:
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += self.sock.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+        while len(body) < length:
+            body += self.sock.recv(65536)
+        return head
+
+
+def p50_pair(path: str, ports: dict[str, int], requests: int) -> dict[str, float]:
+    clients = {name: KeepAliveClient(port) for name, port in ports.items()}
+    samples: dict[str, list[float]] = {name: [] for name in ports}
+    for index in range(requests + 200):
+        order = list(ports) if index % 2 else list(reversed(ports))  # alternate who goes first
+        for name in order:
+            start = time.perf_counter()
+            clients[name].get(path)
+            elapsed = time.perf_counter() - start
+            if index >= 200:  # warm-up
+                samples[name].append(elapsed)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main(requests: int = 3000) -> bool:
+    os.sched_setaffinity(0, CLIENT_CPUS)
+    servers = {name: start(name) for name in ("ng_otel", "plain")}
+    try:
+        ports = {name: port for name, (_, port, _) in servers.items()}
+        for port in ports.values():
+            wait_ready(port)
+        healthy = p50_pair("/ok", ports, requests)
+        ok = report("p50 latency, no failure", healthy["ng_otel"], healthy["plain"], target=1.05)
+        chain = p50_pair("/chain", ports, requests)
+        ok &= report("p50 latency, reply with a 3-event chain", chain["ng_otel"], chain["plain"], target=1.15)
+        return ok
+    finally:
+        for process, _, sock in servers.values():
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=15)
+            sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main(int(sys.argv[1]) if len(sys.argv) > 1 else 3000) else 1)

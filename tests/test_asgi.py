@@ -1,0 +1,218 @@
+"""FailureReportMiddleware driven through the ASGI interface itself (no HTTP client mock)."""
+
+import asyncio
+import json
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ng_otel import NgFailureEvent, observe_failure
+from ng_otel.contract import FailureReport
+from ng_otel.integrations import instrument_app
+from ng_otel.integrations.asgi import FailureReportMiddleware
+from ng_otel.otel import recorder as recorder_module
+from ng_otel.otel.links import decode_context_header
+from ng_otel.testing import capture_failures
+
+
+async def call(app, path, body=b"{}", method="POST", sent=None):
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
+             "raw_path": path.encode(), "query_string": b"", "root_path": "", "scheme": "http",
+             "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
+    sent = [] if sent is None else sent
+    received = False
+
+    async def receive():
+        nonlocal received
+        if received:
+            await asyncio.sleep(3600)
+        received = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {name.decode(): value.decode() for name, value in start["headers"]}
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], headers, content
+
+
+def timeout_failure():
+    return NgFailureEvent("transport_timeout", "model timed out", boundary="model", http_status=504)
+
+
+def make_app():
+    app = FastAPI()
+
+    @app.post("/ok")
+    async def ok():
+        return {"ok": True}
+
+    @app.post("/raise")
+    async def raise_failure():
+        try:
+            raise timeout_failure()
+        except NgFailureEvent as err:
+            raise NgFailureEvent("agent_run_error", "run failed", boundary="agent") from err
+
+    @app.post("/raise-plain")
+    async def raise_plain():
+        raise KeyError("not a gym failure")
+
+    @app.post("/recovered")
+    async def recovered():
+        observe_failure(timeout_failure())
+        return {"ok": True}
+
+    @app.post("/stream")
+    async def stream():
+        async def events():
+            yield b"data: one\n\n"
+            observe_failure(timeout_failure())
+            yield b"data: two\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/stream-breaks")
+    async def stream_breaks():
+        async def events():
+            yield b"data: one\n\n"
+            raise timeout_failure()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def test_healthy_reply_carries_no_failure_headers():
+    with capture_failures():
+        status, headers, _ = asyncio.run(call(instrument_app(make_app()), "/ok"))
+    assert status == 200
+    assert not any(name.startswith("x-ng-") for name in headers)
+
+
+def test_escaping_failure_becomes_its_status_json_body_and_both_headers():
+    with capture_failures() as telemetry:
+        status, headers, body = asyncio.run(call(instrument_app(make_app()), "/raise"))
+    assert status == 500
+    failure = json.loads(body)["failure"]
+    assert failure["failure_kind"] == "agent_run_error"
+    report = FailureReport.from_header(headers["x-ng-failure-report"])
+    assert report.failure_id == failure["event_id"]
+    assert [r["failure_kind"] for r in report.chain()] == ["agent_run_error", "transport_timeout"]
+    contexts = decode_context_header(headers["x-ng-failure-context"])
+    assert set(contexts) == set(report.events)
+    assert telemetry.count() == 2
+
+
+def test_a_status_from_the_failure_is_used():
+    app = FastAPI()
+
+    @app.post("/x")
+    async def handler():
+        raise timeout_failure()
+
+    with capture_failures():
+        status, _, _ = asyncio.run(call(instrument_app(app), "/x"))
+    assert status == 504
+
+
+def test_a_non_gym_exception_passes_through_untouched():
+    with capture_failures() as telemetry, pytest.raises(KeyError):
+        asyncio.run(call(FailureReportMiddleware(make_app()), "/raise-plain"))
+    assert telemetry.count() == 0
+
+
+def test_recovered_failure_is_reported_on_a_success_reply_and_never_becomes_failure_id():
+    with capture_failures():
+        status, headers, _ = asyncio.run(call(instrument_app(make_app()), "/recovered"))
+    report = FailureReport.from_header(headers["x-ng-failure-report"])
+    assert status == 200 and report.failure_id is None and len(report.recovered_ids()) == 1
+
+
+def test_an_exception_handler_of_the_app_still_leads_to_a_report():
+    app = make_app()
+
+    @app.exception_handler(NgFailureEvent)
+    async def as_bad_gateway(request: Request, error: NgFailureEvent):
+        return JSONResponse({"handled": error.failure_kind}, status_code=502)
+
+    with capture_failures() as telemetry:
+        status, headers, body = asyncio.run(call(instrument_app(app), "/raise"))
+    assert status == 502 and json.loads(body) == {"handled": "agent_run_error"}
+    report = FailureReport.from_header(headers["x-ng-failure-report"])
+    assert report.events[report.failure_id]["failure_kind"] == "agent_run_error"
+    assert telemetry.count() == 2
+
+
+def test_a_sync_exception_handler_is_wrapped_too():
+    app = make_app()
+
+    def handler(request, error):
+        return JSONResponse({"handled": True}, status_code=503)
+
+    app.add_exception_handler(NgFailureEvent, handler)
+    with capture_failures():
+        status, headers, _ = asyncio.run(call(instrument_app(app), "/raise"))
+    assert status == 503 and "x-ng-failure-report" in headers
+
+
+def test_event_stream_gets_the_report_as_a_final_event():
+    with capture_failures():
+        status, headers, body = asyncio.run(call(instrument_app(make_app()), "/stream"))
+    assert "x-ng-failure-report" not in headers
+    text = body.decode()
+    assert text.startswith("data: one\n\ndata: two\n\n")
+    blocks = [block for block in text.split("\n\n") if block.startswith("event: ")]
+    assert [block.split("\n")[0] for block in blocks] == ["event: ng_failure_report", "event: ng_failure_context"]
+    report = FailureReport.from_header(blocks[0].split("data: ", 1)[1])
+    assert len(report) == 1
+
+
+def test_a_stream_broken_by_a_failure_still_ends_with_its_report():
+    sent = []
+    with capture_failures(), pytest.raises(NgFailureEvent):
+        asyncio.run(call(instrument_app(make_app()), "/stream-breaks", sent=sent))
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert bodies[-1].get("more_body", False) is False
+    text = b"".join(m.get("body", b"") for m in bodies).decode()
+    report_data = text.split("event: ng_failure_report\ndata: ", 1)[1].split("\n", 1)[0]
+    report = FailureReport.from_header(report_data)
+    assert report.events[report.failure_id]["failure_kind"] == "transport_timeout"
+
+
+def test_concurrent_requests_never_see_each_others_failures():
+    app = FastAPI()
+
+    @app.post("/work")
+    async def work(request: Request):
+        tag = (await request.json())["tag"]
+        await asyncio.sleep(0.001 * (tag % 7))
+        if tag % 2:
+            observe_failure(NgFailureEvent("transport_timeout", f"request {tag}", boundary="model"))
+        await asyncio.sleep(0.001)
+        return {"tag": tag}
+
+    async def many():
+        wrapped = instrument_app(app)
+        return await asyncio.gather(*(call(wrapped, "/work", json.dumps({"tag": tag}).encode()) for tag in range(60)))
+
+    with capture_failures():
+        replies = asyncio.run(many())
+    for tag, (_status, headers, _) in enumerate(replies):
+        if tag % 2:
+            report = FailureReport.from_header(headers["x-ng-failure-report"])
+            assert [r["failure_reason"] for r in report.events.values()] == [f"request {tag}"]
+        else:
+            assert "x-ng-failure-report" not in headers
+
+
+def test_disabled_middleware_is_a_passthrough(monkeypatch):
+    with capture_failures() as telemetry:
+        monkeypatch.setattr(recorder_module, "_enabled", False)
+        status, headers, _ = asyncio.run(call(instrument_app(make_app()), "/recovered"))
+    assert status == 200 and "x-ng-failure-report" not in headers and telemetry.count() == 0
