@@ -60,9 +60,10 @@ def main() -> None:
     parser.add_argument("--agent-url", required=True)
     parser.add_argument("--out", required=True, help="JSON lines, one row per rollout")
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
+    parser.add_argument("--repeat", type=int, default=1, help="run the scenarios this many times")
     args = parser.parse_args()
     AioHttpClientInstrumentor().instrument()
-    rows = run(args.agent_url, tuple(args.scenario) if args.scenario else SCENARIOS)
+    rows = run(args.agent_url, tuple(args.scenario or SCENARIOS) * args.repeat)
     with open(args.out, "w", encoding="utf-8") as out:
         for row in rows:
             out.write(json.dumps(row) + "\n")

@@ -46,8 +46,13 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 3
 
 
 @contextmanager
-def gym_stack(env: Mapping[str, str] | None = None, log_dir: Path | None = None) -> Iterator[StackUrls]:
-    """The running stack; every process it started is stopped on exit, also on error."""
+def gym_stack(
+    env: Mapping[str, str] | None = None,
+    log_dir: Path | None = None,
+    server_env: Mapping[str, Mapping[str, str]] | None = None,
+) -> Iterator[StackUrls]:
+    """The running stack; every process it started is stopped on exit, also on error.
+    ``server_env`` adds variables for one server by name (model, resources, agent)."""
     sockets = {name: _listening_socket() for name in ("model", "resources", "agent")}
     urls = {name: f"http://127.0.0.1:{sock.getsockname()[1]}" for name, sock in sockets.items()}
     child_env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
@@ -59,7 +64,8 @@ def gym_stack(env: Mapping[str, str] | None = None, log_dir: Path | None = None)
             if name == "agent":
                 command += ["--model-url", urls["model"], "--resources-url", urls["resources"]]
             output = open(log_dir / f"{name}.log", "wb") if log_dir else subprocess.DEVNULL
-            processes.append(subprocess.Popen(command, pass_fds=(fd,), env=child_env, cwd=ROOT,
+            own_env = {**child_env, **(server_env or {}).get(name, {})}
+            processes.append(subprocess.Popen(command, pass_fds=(fd,), env=own_env, cwd=ROOT,
                                               stdout=output, stderr=subprocess.STDOUT))  # fmt: skip
         for name, process in zip(("model", "resources", "agent"), processes, strict=True):
             _wait_healthy(urls[name], process)

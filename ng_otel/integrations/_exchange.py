@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ng_otel.contract.events import NgFailureEvent, bound_text
-from ng_otel.contract.header import REPORT_HEADER
+from ng_otel.contract.header import OMITTED_VALUE, REPORT_HEADER
 from ng_otel.contract.kinds import PROTOCOL_VIOLATION
 from ng_otel.contract.report import FailureReport, failure_report_for
 from ng_otel.otel import names
@@ -31,8 +31,12 @@ def reply_headers(log: FailureLog) -> list[tuple[str, str]]:
     if not log:
         return []
     report = log.report
-    headers = [(REPORT_HEADER, report.to_header())]
-    contexts = get_recorder().index.contexts_for(report.events)
+    value = report.to_header()
+    recorder = get_recorder()
+    if value == OMITTED_VALUE and report.events:
+        recorder.omitted_reports.add(1)  # the diagnostic loss happened here, at this hop
+    headers = [(REPORT_HEADER, value)]
+    contexts = recorder.index.contexts_for(report.events)
     if contexts:
         headers.append((names.CONTEXT_HEADER, encode_context_header(contexts)))
     return headers

@@ -44,6 +44,12 @@ VERIFY_DESCRIPTION: Final = "Verify responses, by whether the reward is a valid 
 VERIFY_LABELS: Final = frozenset({VERIFY_MASKED, KIND})
 VERIFY_NO_KIND: Final = "none"
 
+OMITTED_METRIC: Final = "ng.failure_reports.omitted"
+OMITTED_UNIT: Final = "{report}"
+OMITTED_DESCRIPTION: Final = 'Failure reports this process had to replace with {"omitted": true} (over 4096 bytes)'
+SPAN_EVENTS_METRIC: Final = "ng.failure.span_events"
+"""What the collector's count connector calls its count of ``ng.failure`` span events."""
+
 INVALID_KIND: Final = "_invalid"  # metric label for a malformed kind
 OTHER_KIND: Final = "_other"  # metric label once NG_OTEL_MAX_KINDS distinct kinds were seen
 

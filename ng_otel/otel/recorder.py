@@ -87,6 +87,9 @@ class FailureRecorder:
         self.verify_outcomes = meter.create_counter(
             names.VERIFY_METRIC, unit=names.VERIFY_UNIT, description=names.VERIFY_DESCRIPTION
         )
+        self.omitted_reports = meter.create_counter(
+            names.OMITTED_METRIC, unit=names.OMITTED_UNIT, description=names.OMITTED_DESCRIPTION
+        )
 
     def record(
         self,

@@ -131,10 +131,24 @@ def _meter_provider(resource: Any) -> MeterProvider:
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
     elif choice == "console":
         readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
+    elif choice == "prometheus":
+        readers.append(_prometheus_reader())
     provider = SdkMeterProvider(resource=resource, metric_readers=readers)
     metrics.set_meter_provider(provider)
     _owned.append(provider)
     return provider
+
+
+def _prometheus_reader() -> Any:
+    """A pull endpoint for Prometheus on ``OTEL_EXPORTER_PROMETHEUS_HOST``:``..._PORT``
+    (default localhost:9464); needs the ``prometheus`` extra."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import start_http_server
+
+    host = os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
+    port = int(os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464"))
+    start_http_server(port, addr=host)
+    return PrometheusMetricReader()
 
 
 def _logger_provider(resource: Any) -> LoggerProvider:

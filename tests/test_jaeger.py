@@ -1,0 +1,48 @@
+"""Against a real Jaeger (v2, OTLP on 4318) when NG_OTEL_TEST_JAEGER_URL names its query
+endpoint, e.g. http://127.0.0.1:16686; Jaeger cannot be installed on the CI machines."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from examples.gym_stack.stack import ROOT, gym_stack
+from ng_otel.integrations.collection import row_report
+
+JAEGER = os.environ.get("NG_OTEL_TEST_JAEGER_URL")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(JAEGER is None, reason="set NG_OTEL_TEST_JAEGER_URL to a Jaeger query URL to run"),
+]
+
+
+def test_the_model_timeout_chain_is_one_trace_with_caused_by_references(tmp_path):
+    otlp = os.environ.get("NG_OTEL_TEST_JAEGER_OTLP", f"{urllib.parse.urlsplit(JAEGER).scheme}://"
+                          f"{urllib.parse.urlsplit(JAEGER).hostname}:4318")  # fmt: skip
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+           "OTEL_METRICS_EXPORTER": "none", "OTEL_BSP_SCHEDULE_DELAY": "100"}  # fmt: skip
+    with gym_stack(env=env, log_dir=tmp_path) as urls:
+        command = [sys.executable, "-m", "examples.gym_stack.collect", "--agent-url", urls.agent,
+                   "--out", str(tmp_path / "rows.jsonl"), "--scenario", "model_timeout"]  # fmt: skip
+        subprocess.run(command, env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, check=True, timeout=120)
+    row = json.loads((tmp_path / "rows.jsonl").read_text())
+    wanted = set(row_report(row).events)
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(f"{JAEGER}/api/traces/{row['trace_id']}", timeout=5) as reply:
+            spans = json.loads(reply.read())["data"][0]["spans"]
+        found = {field["value"] for span in spans for log in span.get("logs", []) for field in log["fields"]
+                 if field["key"] == "ng.failure.id"}  # fmt: skip
+        if found >= wanted or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert found >= wanted
+    harness_span = next(s for s in spans for log in s.get("logs", []) for f in log["fields"]
+                        if f["key"] == "ng.failure.kind" and f["value"] == "agent_run_error")  # fmt: skip
+    span_ids = {span["spanID"] for span in spans}
+    assert any(ref["spanID"] in span_ids for ref in harness_span.get("references", []) if ref["refType"] != "CHILD_OF")

@@ -1,0 +1,139 @@
+"""The alerting path with the real Prometheus from Debian's packages: promtool proves every
+rule, and a Prometheus server scraping the Gym stack fires the surge alert from real failures."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from examples.gym_stack.stack import ROOT, gym_stack
+from ng_otel.otel import names
+
+pytestmark = pytest.mark.e2e
+RULES_DIR = ROOT / "collector-config" / "prometheus"
+
+
+def binary(name):
+    found = shutil.which(name)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is missing: .ci/run installs Debian's prometheus package")
+        pytest.skip(f"{name} is not installed (apt-get install -y prometheus)")
+    return found
+
+
+def test_promtool_accepts_the_rules():
+    done = subprocess.run([binary("promtool"), "check", "rules", "rules.yaml"], cwd=RULES_DIR,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_promtool_unit_tests_prove_each_alert_firing_and_not_firing():
+    done = subprocess.run([binary("promtool"), "test", "rules", "rules.test.yaml"], cwd=RULES_DIR,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    tests = yaml.safe_load((RULES_DIR / "rules.test.yaml").read_text())["tests"]
+    alerts = {rule["alert"] for group in yaml.safe_load((RULES_DIR / "rules.yaml").read_text())["groups"]
+              for rule in group["rules"] if "alert" in rule}  # fmt: skip
+    checks = [check for test in tests for check in test.get("alert_rule_test", [])]
+    for alert in alerts:
+        outcomes = {bool(check["exp_alerts"]) for check in checks if check["alertname"] == alert}
+        assert outcomes == {True, False}, f"{alert} needs a firing and a not-firing case"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def api(base, path, **params):
+    url = f"{base}{path}" + ("?" + urllib.parse.urlencode(params, doseq=True) if params else "")
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return json.loads(reply.read())["data"]
+
+
+def wait(predicate, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path):
+    prometheus = binary("prometheus")
+    metrics_ports = {name: free_port() for name in ("model", "resources", "agent")}
+    server_env = {name: {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+                         "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)} for name, port in metrics_ports.items()}  # fmt: skip
+    quiet = {"OTEL_TRACES_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+
+    # The shipped rules, with every `for` set to 0s so the test need not wait minutes.
+    rules = yaml.safe_load((RULES_DIR / "rules.yaml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["for"] = "0s"
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "rule_files": [str(tmp_path / "rules.yaml")],
+              "scrape_configs": [{"job_name": "gym", "static_configs": [
+                  {"targets": [f"127.0.0.1:{port}" for port in metrics_ports.values()]}]}]}  # fmt: skip
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    web = free_port()
+    base = f"http://127.0.0.1:{web}"
+    server = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                               f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{web}"],
+                              stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"))  # fmt: skip
+    try:
+        with gym_stack(env=quiet, log_dir=tmp_path, server_env=server_env) as urls:
+            assert wait(lambda: len([t for t in api(base, "/api/v1/targets")["activeTargets"]
+                                     if t["health"] == "up"]) == 3)  # fmt: skip
+
+            def rollouts(count):
+                command = [sys.executable, "-m", "examples.gym_stack.collect", "--agent-url", urls.agent,
+                           "--out", str(tmp_path / "rows.jsonl"), "--scenario", "model_timeout", "--repeat", str(count)]  # fmt: skip
+                done = subprocess.run(command, env={**os.environ, **quiet, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                                      capture_output=True, text=True, timeout=120)  # fmt: skip
+                assert done.returncode == 0, done.stderr
+
+            def counted(kind):
+                result = api(base, "/api/v1/query", query=f'sum(ng_failures_total{{ng_failure_kind="{kind}"}})')
+                return float(result["result"][0]["value"][1]) if result["result"] else 0.0
+
+            # A counter series is born at its first value, which rate() cannot see as an
+            # increase: one failure first, scraped, then the surge.
+            rollouts(1)
+            assert wait(lambda: counted("transport_timeout") == 1)
+            rollouts(29)
+
+            def surge_firing():
+                return any(alert["labels"]["alertname"] == "NgFailureKindSurge"
+                           and alert["labels"]["ng_failure_kind"] == "transport_timeout"
+                           and alert["state"] == "firing" for alert in api(base, "/api/v1/alerts")["alerts"])  # fmt: skip
+
+            assert wait(surge_firing), (tmp_path / "prometheus.log").read_text()[-2000:]
+            assert wait(lambda: counted("transport_timeout") == 30)
+            assert counted("agent_run_error") == 60  # harness and agent, once each per rollout
+            series = api(base, "/api/v1/series", **{"match[]": "ng_failures_total"})
+            labels = {label for item in series for label in item} - {"__name__", "job", "instance"}
+            bounded = {name.replace(".", "_") for name in names.METRIC_LABELS}
+            scope = {label for label in labels if label.startswith("otel_scope_")}
+            assert labels - scope == bounded
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
