@@ -26,6 +26,8 @@ def report(title: str, ours: float, baseline: float, target: float, unit: str = 
     ratio = ours / baseline
     scale = 1e6 if unit == "us" else 1e9
     verdict = "ok" if ratio <= target else "OVER TARGET"
-    print(f"{title}: {ours * scale:.2f} {unit} vs {baseline * scale:.2f} {unit} -> ratio {ratio:.2f}x "
-          f"(target <= {target:.2f}x) {verdict}")  # fmt: skip
+    print(
+        f"{title}: {ours * scale:.2f} {unit} vs {baseline * scale:.2f} {unit} -> ratio {ratio:.2f}x "
+        f"(target <= {target:.2f}x) {verdict}"
+    )
     return ratio <= target

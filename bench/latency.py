@@ -39,8 +39,12 @@ def start(variant: str) -> tuple[subprocess.Popen[bytes], int, socket.socket]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    process = subprocess.Popen([sys.executable, str(HERE / "_latency_app.py"), str(sock.fileno()), variant],
-                               pass_fds=(sock.fileno(),), env=ENV, preexec_fn=_pin(SERVER_CPUS))  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, str(HERE / "_latency_app.py"), str(sock.fileno()), variant],
+        pass_fds=(sock.fileno(),),
+        env=ENV,
+        preexec_fn=_pin(SERVER_CPUS),
+    )
     return process, sock.getsockname()[1], sock
 
 

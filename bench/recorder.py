@@ -65,11 +65,21 @@ def main() -> bool:
             names.STAGE: "agent",
             names.HTTP_STATUS: 500,
         }
-        span.add_link(cause_context, {names.LINK_TYPE: names.LINK_CAUSED_BY, names.ID: event.event_id,
-                                      names.CAUSE_ID: cause.event_id})  # fmt: skip
+        span.add_link(
+            cause_context,
+            {names.LINK_TYPE: names.LINK_CAUSED_BY, names.ID: event.event_id, names.CAUSE_ID: cause.event_id},
+        )
         span.add_event(names.EVENT, attributes)
-        counter.add(1, {names.BOUNDARY: "agent", names.KIND: "agent_run_error", names.RECOVERED: False,
-                        names.CLASS: "infra", names.STAGE: "agent"})  # fmt: skip
+        counter.add(
+            1,
+            {
+                names.BOUNDARY: "agent",
+                names.KIND: "agent_run_error",
+                names.RECOVERED: False,
+                names.CLASS: "infra",
+                names.STAGE: "agent",
+            },
+        )
 
     times = per_call_seconds({"ours": ours, "bare": bare}, number=NUMBER, rounds=ROUNDS)
     ok = report("record_failure, one event + one cause link", times["ours"], times["bare"], target=3.0)

@@ -82,13 +82,18 @@ class OtlpReceiver:
         self._grpc.start()
 
         paths = {
-            "/v1/traces": ("traces", trace_service_pb2.ExportTraceServiceRequest,
-                           trace_service_pb2.ExportTraceServiceResponse),
-            "/v1/metrics": ("metrics", metrics_service_pb2.ExportMetricsServiceRequest,
-                            metrics_service_pb2.ExportMetricsServiceResponse),
-            "/v1/logs": ("logs", logs_service_pb2.ExportLogsServiceRequest,
-                         logs_service_pb2.ExportLogsServiceResponse),
-        }  # fmt: skip
+            "/v1/traces": (
+                "traces",
+                trace_service_pb2.ExportTraceServiceRequest,
+                trace_service_pb2.ExportTraceServiceResponse,
+            ),
+            "/v1/metrics": (
+                "metrics",
+                metrics_service_pb2.ExportMetricsServiceRequest,
+                metrics_service_pb2.ExportMetricsServiceResponse,
+            ),
+            "/v1/logs": ("logs", logs_service_pb2.ExportLogsServiceRequest, logs_service_pb2.ExportLogsServiceResponse),
+        }
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
@@ -158,18 +163,28 @@ class OtlpReceiver:
                 service = attributes(resource_spans.resource.attributes).get("service.name")
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
-                        found.append({
-                            "service": service,
-                            "name": span.name,
-                            "trace_id": span.trace_id.hex(),
-                            "span_id": span.span_id.hex(),
-                            "parent_span_id": span.parent_span_id.hex() or None,
-                            "status": span.status.code,
-                            "attributes": attributes(span.attributes),
-                            "events": [{"name": e.name, "attributes": attributes(e.attributes)} for e in span.events],
-                            "links": [{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
-                                       "attributes": attributes(link.attributes)} for link in span.links],
-                        })  # fmt: skip
+                        found.append(
+                            {
+                                "service": service,
+                                "name": span.name,
+                                "trace_id": span.trace_id.hex(),
+                                "span_id": span.span_id.hex(),
+                                "parent_span_id": span.parent_span_id.hex() or None,
+                                "status": span.status.code,
+                                "attributes": attributes(span.attributes),
+                                "events": [
+                                    {"name": e.name, "attributes": attributes(e.attributes)} for e in span.events
+                                ],
+                                "links": [
+                                    {
+                                        "trace_id": link.trace_id.hex(),
+                                        "span_id": link.span_id.hex(),
+                                        "attributes": attributes(link.attributes),
+                                    }
+                                    for link in span.links
+                                ],
+                            }
+                        )
         return found
 
     def failure_events(self, event_name: str = "ng.failure") -> list[dict[str, Any]]:
@@ -197,8 +212,12 @@ class OtlpReceiver:
                             labels = attributes(point.attributes)
                             key = (service, tuple(sorted((k, str(v)) for k, v in labels.items())))
                             value = point.as_int if point.HasField("as_int") else point.as_double
-                            latest[key] = {"service": service, "attributes": labels, "value": value,
-                                           "exemplars": len(point.exemplars)}  # fmt: skip
+                            latest[key] = {
+                                "service": service,
+                                "attributes": labels,
+                                "value": value,
+                                "exemplars": len(point.exemplars),
+                            }
         return list(latest.values())
 
     def log_records(self) -> list[dict[str, Any]]:
@@ -209,8 +228,14 @@ class OtlpReceiver:
             for resource_logs in request.resource_logs:
                 for scope_logs in resource_logs.scope_logs:
                     for record in scope_logs.log_records:
-                        found.append({"event_name": record.event_name, "attributes": attributes(record.attributes),
-                                      "trace_id": record.trace_id.hex(), "span_id": record.span_id.hex()})  # fmt: skip
+                        found.append(
+                            {
+                                "event_name": record.event_name,
+                                "attributes": attributes(record.attributes),
+                                "trace_id": record.trace_id.hex(),
+                                "span_id": record.span_id.hex(),
+                            }
+                        )
         return found
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 15.0) -> bool:

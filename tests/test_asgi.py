@@ -17,10 +17,20 @@ from ng_otel.testing import capture_failures
 
 
 async def call(app, path, body=b"{}", method="POST", sent=None):
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
-             "raw_path": path.encode(), "query_string": b"", "root_path": "", "scheme": "http",
-             "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
     sent = [] if sent is None else sent
     received = False
 

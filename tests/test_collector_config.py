@@ -35,8 +35,12 @@ def test_every_component_is_defined_and_every_definition_is_used(name):
     for kind in KINDS:
         assert defined[kind] == used[kind], f"{name}: {kind} defined but unused: {defined[kind] - used[kind]}"
     for connector in defined["connectors"]:
-        roles = [role for pipeline in config["service"]["pipelines"].values() for role in ("receivers", "exporters")
-                 if connector in pipeline.get(role, [])]  # fmt: skip
+        roles = [
+            role
+            for pipeline in config["service"]["pipelines"].values()
+            for role in ("receivers", "exporters")
+            if connector in pipeline.get(role, [])
+        ]
         assert set(roles) == {"receivers", "exporters"}, f"{connector} must join two pipelines"
     assert set(config.get("extensions") or {}) == set(config["service"].get("extensions", []))
 
@@ -67,8 +71,10 @@ def test_sampler_keeps_every_trace_with_a_failure_event_and_gateway_routes_by_tr
 def test_no_prometheus_rule_or_dashboard_groups_by_an_unbounded_attribute():
     unbounded = {name.replace(".", "_") for name in UNBOUNDED}
     bounded = {name.replace(".", "_") for name in names.METRIC_LABELS}
-    texts = [(CONFIG / "prometheus" / "rules.yaml").read_text(),
-             (CONFIG / "grafana" / "dashboards" / "ng-failures.json").read_text()]  # fmt: skip
+    texts = [
+        (CONFIG / "prometheus" / "rules.yaml").read_text(),
+        (CONFIG / "grafana" / "dashboards" / "ng-failures.json").read_text(),
+    ]
     for text in texts:
         for grouping in re.findall(r"by \(([^)]*)\)", text):
             labels = {label.strip() for label in grouping.split(",")}
@@ -102,8 +108,12 @@ def test_dashboard_is_valid_json_querying_the_failure_metric():
 
 
 def test_recording_rules_the_dashboard_uses_exist():
-    recorded = {rule["record"] for group in load("prometheus/rules.yaml")["groups"] for rule in group["rules"]
-                if "record" in rule}  # fmt: skip
+    recorded = {
+        rule["record"]
+        for group in load("prometheus/rules.yaml")["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
     text = (CONFIG / "grafana" / "dashboards" / "ng-failures.json").read_text()
     used = set(re.findall(r"ng:[a-z0-9_:]+", text))
     assert used and used <= recorded

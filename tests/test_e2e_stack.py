@@ -23,8 +23,14 @@ FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": 
 
 def collect(agent_url, out: Path, env):
     command = [sys.executable, "-m", "examples.gym_stack.collect", "--agent-url", agent_url, "--out", str(out)]
-    done = subprocess.run(command, env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        command,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return {row["scenario"]: row for row in map(json.loads, out.read_text().splitlines())}
 
@@ -32,10 +38,16 @@ def collect(agent_url, out: Path, env):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     receiver = OtlpReceiver().start()
-    servers_env = {**FAST_EXPORT, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint,
-                   "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}  # fmt: skip
-    collection_env = {**FAST_EXPORT, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
-                      "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}  # fmt: skip
+    servers_env = {
+        **FAST_EXPORT,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+    }
+    collection_env = {
+        **FAST_EXPORT,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    }
     logs = tmp_path_factory.mktemp("logs")
     with gym_stack(env=servers_env, log_dir=logs) as urls:
         rows = collect(urls.agent, logs / "rows.jsonl", collection_env)
@@ -84,7 +96,10 @@ def test_model_timeout_chain_crosses_three_processes_as_one_linked_trace(run):
     assert row["status"] == 500 and row["error"]["failure"]["failure_kind"] == "agent_run_error"
     chain = report.chain()
     assert [(r["boundary"], r["failure_kind"]) for r in chain] == [
-        ("agent", "agent_run_error"), ("harness", "agent_run_error"), ("model", "transport_timeout")]  # fmt: skip
+        ("agent", "agent_run_error"),
+        ("harness", "agent_run_error"),
+        ("model", "transport_timeout"),
+    ]
     index = by_id(receiver)
     services = [index[r["event_id"]]["_span"]["service"] for r in chain]
     assert services == ["agent-server", "agent-server", "model-server"]
@@ -108,9 +123,11 @@ def test_success_reply_carries_the_recovered_retry(run):
 def test_judge_failure_keeps_its_provider_cause_as_foreign_error(run):
     reports, receiver = run.reports, run.receiver
     judge = next(r for r in reports["judge_failed"].events.values() if r["failure_kind"] == "judge_failed")
-    assert judge["foreign_error"] == {"type": "examples.gym_stack.servers.JudgeSdkError",
-                                      "message": "429 Too Many Requests: judge rate limit reached",
-                                      "http_status": 429}  # fmt: skip
+    assert judge["foreign_error"] == {
+        "type": "examples.gym_stack.servers.JudgeSdkError",
+        "message": "429 Too Many Requests: judge rate limit reached",
+        "http_status": 429,
+    }
     exported = by_id(receiver)[judge["event_id"]]
     assert exported["ng.failure.foreign.type"] == "examples.gym_stack.servers.JudgeSdkError"
     assert exported["_span"]["service"] == "resources-server"
@@ -163,8 +180,7 @@ def test_failures_are_counted_once_with_bounded_labels(run):
     )
     points = receiver.metric_points("ng.failures")
     assert sum(p["value"] for p in points) >= len(expected)
-    allowed = {"ng.failure.boundary", "ng.failure.kind", "ng.failure.stage", "ng.failure.recovered",
-               "ng.failure.class"}  # fmt: skip
+    allowed = {"ng.failure.boundary", "ng.failure.kind", "ng.failure.stage", "ng.failure.recovered", "ng.failure.class"}
     assert all(set(p["attributes"]) <= allowed for p in points)
 
 

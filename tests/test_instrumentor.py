@@ -62,11 +62,23 @@ def test_opentelemetry_instrument_enables_the_middleware_and_client_hook(tmp_pat
     sock.listen(16)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     instrument = Path(sys.executable).parent / "opentelemetry-instrument"
-    env = {**os.environ, "NG_OTEL_ENABLED": "1", "OTEL_SERVICE_NAME": "auto-app", "OTEL_METRICS_EXPORTER": "none",
-           "OTEL_LOGS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_SCHEDULE_DELAY": "100",
-           "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}  # fmt: skip
-    process = subprocess.Popen([str(instrument), sys.executable, str(script), str(sock.fileno())],
-                               pass_fds=(sock.fileno(),), env=env, stderr=subprocess.PIPE)  # fmt: skip
+    env = {
+        **os.environ,
+        "NG_OTEL_ENABLED": "1",
+        "OTEL_SERVICE_NAME": "auto-app",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+    }
+    process = subprocess.Popen(
+        [str(instrument), sys.executable, str(script), str(sock.fileno())],
+        pass_fds=(sock.fileno(),),
+        env=env,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

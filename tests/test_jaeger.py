@@ -22,13 +22,28 @@ pytestmark = [
 
 
 def test_the_model_timeout_chain_is_one_trace_with_caused_by_references(tmp_path):
-    otlp = os.environ.get("NG_OTEL_TEST_JAEGER_OTLP", f"{urllib.parse.urlsplit(JAEGER).scheme}://"
-                          f"{urllib.parse.urlsplit(JAEGER).hostname}:4318")  # fmt: skip
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-           "OTEL_METRICS_EXPORTER": "none", "OTEL_BSP_SCHEDULE_DELAY": "100"}  # fmt: skip
+    otlp = os.environ.get(
+        "NG_OTEL_TEST_JAEGER_OTLP",
+        f"{urllib.parse.urlsplit(JAEGER).scheme}://{urllib.parse.urlsplit(JAEGER).hostname}:4318",
+    )
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
     with gym_stack(env=env, log_dir=tmp_path) as urls:
-        command = [sys.executable, "-m", "examples.gym_stack.collect", "--agent-url", urls.agent,
-                   "--out", str(tmp_path / "rows.jsonl"), "--scenario", "model_timeout"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "examples.gym_stack.collect",
+            "--agent-url",
+            urls.agent,
+            "--out",
+            str(tmp_path / "rows.jsonl"),
+            "--scenario",
+            "model_timeout",
+        ]
         subprocess.run(command, env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, check=True, timeout=120)
     row = json.loads((tmp_path / "rows.jsonl").read_text())
     wanted = set(row_report(row).events)
@@ -36,13 +51,23 @@ def test_the_model_timeout_chain_is_one_trace_with_caused_by_references(tmp_path
     while True:
         with urllib.request.urlopen(f"{JAEGER}/api/traces/{row['trace_id']}", timeout=5) as reply:
             spans = json.loads(reply.read())["data"][0]["spans"]
-        found = {field["value"] for span in spans for log in span.get("logs", []) for field in log["fields"]
-                 if field["key"] == "ng.failure.id"}  # fmt: skip
+        found = {
+            field["value"]
+            for span in spans
+            for log in span.get("logs", [])
+            for field in log["fields"]
+            if field["key"] == "ng.failure.id"
+        }
         if found >= wanted or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert found >= wanted
-    harness_span = next(s for s in spans for log in s.get("logs", []) for f in log["fields"]
-                        if f["key"] == "ng.failure.kind" and f["value"] == "agent_run_error")  # fmt: skip
+    harness_span = next(
+        s
+        for s in spans
+        for log in s.get("logs", [])
+        for f in log["fields"]
+        if f["key"] == "ng.failure.kind" and f["value"] == "agent_run_error"
+    )
     span_ids = {span["spanID"] for span in spans}
     assert any(ref["spanID"] in span_ids for ref in harness_span.get("references", []) if ref["refType"] != "CHILD_OF")

@@ -32,19 +32,25 @@ def binary(name):
 
 
 def test_promtool_accepts_the_rules():
-    done = subprocess.run([binary("promtool"), "check", "rules", "rules.yaml"], cwd=RULES_DIR,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [binary("promtool"), "check", "rules", "rules.yaml"], cwd=RULES_DIR, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
 
 def test_promtool_unit_tests_prove_each_alert_firing_and_not_firing():
-    done = subprocess.run([binary("promtool"), "test", "rules", "rules.test.yaml"], cwd=RULES_DIR,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [binary("promtool"), "test", "rules", "rules.test.yaml"], cwd=RULES_DIR, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     tests = yaml.safe_load((RULES_DIR / "rules.test.yaml").read_text())["tests"]
-    alerts = {rule["alert"] for group in yaml.safe_load((RULES_DIR / "rules.yaml").read_text())["groups"]
-              for rule in group["rules"] if "alert" in rule}  # fmt: skip
+    alerts = {
+        rule["alert"]
+        for group in yaml.safe_load((RULES_DIR / "rules.yaml").read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
     checks = [check for test in tests for check in test.get("alert_rule_test", [])]
     for alert in alerts:
         outcomes = {bool(check["exp_alerts"]) for check in checks if check["alertname"] == alert}
@@ -78,8 +84,14 @@ def wait(predicate, timeout=90.0):
 def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path):
     prometheus = binary("prometheus")
     metrics_ports = {name: free_port() for name in ("model", "resources", "agent")}
-    server_env = {name: {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
-                         "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)} for name, port in metrics_ports.items()}  # fmt: skip
+    server_env = {
+        name: {
+            "OTEL_METRICS_EXPORTER": "prometheus",
+            "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+            "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+        }
+        for name, port in metrics_ports.items()
+    }
     quiet = {"OTEL_TRACES_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
 
     # The shipped rules, with every `for` set to 0s so the test need not wait minutes.
@@ -89,26 +101,57 @@ def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path
             if "alert" in rule:
                 rule["for"] = "0s"
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "rule_files": [str(tmp_path / "rules.yaml")],
-              "scrape_configs": [{"job_name": "gym", "static_configs": [
-                  {"targets": [f"127.0.0.1:{port}" for port in metrics_ports.values()]}]}]}  # fmt: skip
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp_path / "rules.yaml")],
+        "scrape_configs": [
+            {
+                "job_name": "gym",
+                "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in metrics_ports.values()]}],
+            }
+        ],
+    }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     web = free_port()
     base = f"http://127.0.0.1:{web}"
-    server = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-                               f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{web}"],
-                              stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"))  # fmt: skip
+    server = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{web}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("wb"),
+    )
     try:
         with gym_stack(env=quiet, log_dir=tmp_path, server_env=server_env) as urls:
-            assert wait(lambda: len([t for t in api(base, "/api/v1/targets")["activeTargets"]
-                                     if t["health"] == "up"]) == 3)  # fmt: skip
+            assert wait(
+                lambda: len([t for t in api(base, "/api/v1/targets")["activeTargets"] if t["health"] == "up"]) == 3
+            )
 
             def rollouts(count):
-                command = [sys.executable, "-m", "examples.gym_stack.collect", "--agent-url", urls.agent,
-                           "--out", str(tmp_path / "rows.jsonl"), "--scenario", "model_timeout", "--repeat", str(count)]  # fmt: skip
-                done = subprocess.run(command, env={**os.environ, **quiet, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-                                      capture_output=True, text=True, timeout=120)  # fmt: skip
+                command = [
+                    sys.executable,
+                    "-m",
+                    "examples.gym_stack.collect",
+                    "--agent-url",
+                    urls.agent,
+                    "--out",
+                    str(tmp_path / "rows.jsonl"),
+                    "--scenario",
+                    "model_timeout",
+                    "--repeat",
+                    str(count),
+                ]
+                done = subprocess.run(
+                    command,
+                    env={**os.environ, **quiet, "PYTHONPATH": str(ROOT)},
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
                 assert done.returncode == 0, done.stderr
 
             def counted(kind):
@@ -122,9 +165,12 @@ def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path
             rollouts(29)
 
             def surge_firing():
-                return any(alert["labels"]["alertname"] == "NgFailureKindSurge"
-                           and alert["labels"]["ng_failure_kind"] == "transport_timeout"
-                           and alert["state"] == "firing" for alert in api(base, "/api/v1/alerts")["alerts"])  # fmt: skip
+                return any(
+                    alert["labels"]["alertname"] == "NgFailureKindSurge"
+                    and alert["labels"]["ng_failure_kind"] == "transport_timeout"
+                    and alert["state"] == "firing"
+                    for alert in api(base, "/api/v1/alerts")["alerts"]
+                )
 
             assert wait(surge_firing), (tmp_path / "prometheus.log").read_text()[-2000:]
             assert wait(lambda: counted("transport_timeout") == 30)

@@ -17,8 +17,9 @@ from tests.test_events import SdkError, raise_chain
 
 
 def model_timeout():
-    return NgFailureEvent("transport_timeout", "model timed out", boundary="model", http_status=504,
-                          operation="chat_completions")  # fmt: skip
+    return NgFailureEvent(
+        "transport_timeout", "model timed out", boundary="model", http_status=504, operation="chat_completions"
+    )
 
 
 def three_level():
@@ -44,37 +45,81 @@ def test_three_level_chain_in_one_span_exports_events_and_error_status_without_s
         "status": "ERROR",
         "attributes": {"error.type": "agent_run_error"},
         "events": [
-            {"name": "ng.failure", "attributes": {
-                "ng.failure.id": model.event_id, "ng.failure.boundary": "model",
-                "ng.failure.kind": "transport_timeout", "ng.failure.reason": "model timed out",
-                "ng.failure.recovered": False, "ng.failure.class": "infra",
-                "http.response.status_code": 504, "ng.failure.operation": "chat_completions"}},
-            {"name": "ng.failure", "attributes": {
-                "ng.failure.id": harness.event_id, "ng.failure.boundary": "harness",
-                "ng.failure.kind": "agent_run_error", "ng.failure.reason": "harness gave up",
-                "ng.failure.recovered": False, "ng.failure.class": "data",
-                "ng.failure.cause_id": model.event_id, "ng.failure.stage": "agent"}},
-            {"name": "ng.failure", "attributes": {
-                "ng.failure.id": top.event_id, "ng.failure.boundary": "agent",
-                "ng.failure.kind": "agent_run_error", "ng.failure.reason": "run failed",
-                "ng.failure.recovered": False, "ng.failure.class": "infra",
-                "ng.failure.cause_id": harness.event_id, "ng.failure.stage": "agent",
-                "http.response.status_code": 500}},
+            {
+                "name": "ng.failure",
+                "attributes": {
+                    "ng.failure.id": model.event_id,
+                    "ng.failure.boundary": "model",
+                    "ng.failure.kind": "transport_timeout",
+                    "ng.failure.reason": "model timed out",
+                    "ng.failure.recovered": False,
+                    "ng.failure.class": "infra",
+                    "http.response.status_code": 504,
+                    "ng.failure.operation": "chat_completions",
+                },
+            },
+            {
+                "name": "ng.failure",
+                "attributes": {
+                    "ng.failure.id": harness.event_id,
+                    "ng.failure.boundary": "harness",
+                    "ng.failure.kind": "agent_run_error",
+                    "ng.failure.reason": "harness gave up",
+                    "ng.failure.recovered": False,
+                    "ng.failure.class": "data",
+                    "ng.failure.cause_id": model.event_id,
+                    "ng.failure.stage": "agent",
+                },
+            },
+            {
+                "name": "ng.failure",
+                "attributes": {
+                    "ng.failure.id": top.event_id,
+                    "ng.failure.boundary": "agent",
+                    "ng.failure.kind": "agent_run_error",
+                    "ng.failure.reason": "run failed",
+                    "ng.failure.recovered": False,
+                    "ng.failure.class": "infra",
+                    "ng.failure.cause_id": harness.event_id,
+                    "ng.failure.stage": "agent",
+                    "http.response.status_code": 500,
+                },
+            },
         ],
         "links": [],  # every cause is on this same span: ng.failure.cause_id says so
-    }  # fmt: skip
+    }
     assert telemetry.chain() == ["agent_run_error", "agent_run_error", "transport_timeout"]
     assert telemetry.metric_points() == [
-        {"attributes": {"ng.failure.boundary": "agent", "ng.failure.kind": "agent_run_error",
-                        "ng.failure.recovered": False, "ng.failure.class": "infra", "ng.failure.stage": "agent"},
-         "value": 1},
-        {"attributes": {"ng.failure.boundary": "harness", "ng.failure.kind": "agent_run_error",
-                        "ng.failure.recovered": False, "ng.failure.class": "data", "ng.failure.stage": "agent"},
-         "value": 1},
-        {"attributes": {"ng.failure.boundary": "model", "ng.failure.kind": "transport_timeout",
-                        "ng.failure.recovered": False, "ng.failure.class": "infra"},
-         "value": 1},
-    ]  # fmt: skip
+        {
+            "attributes": {
+                "ng.failure.boundary": "agent",
+                "ng.failure.kind": "agent_run_error",
+                "ng.failure.recovered": False,
+                "ng.failure.class": "infra",
+                "ng.failure.stage": "agent",
+            },
+            "value": 1,
+        },
+        {
+            "attributes": {
+                "ng.failure.boundary": "harness",
+                "ng.failure.kind": "agent_run_error",
+                "ng.failure.recovered": False,
+                "ng.failure.class": "data",
+                "ng.failure.stage": "agent",
+            },
+            "value": 1,
+        },
+        {
+            "attributes": {
+                "ng.failure.boundary": "model",
+                "ng.failure.kind": "transport_timeout",
+                "ng.failure.recovered": False,
+                "ng.failure.class": "infra",
+            },
+            "value": 1,
+        },
+    ]
 
 
 def test_metric_attributes_are_only_the_bounded_ones():
@@ -123,10 +168,15 @@ def test_chain_across_two_processes_links_to_the_exact_spans_of_causes():
     assert [e["attributes"]["ng.failure.id"] for e in model_span["events"]] == [cause.event_id]
     assert [e["attributes"]["ng.failure.id"] for e in agent_span["events"]] == [top.event_id]
     assert agent_span["links"] == [
-        {"context": {"trace_id": 0x77, "span_id": 0xAAAA},
-         "attributes": {"ng.link.type": "caused_by", "ng.failure.id": top.event_id,
-                        "ng.failure.cause_id": cause.event_id}}
-    ]  # fmt: skip
+        {
+            "context": {"trace_id": 0x77, "span_id": 0xAAAA},
+            "attributes": {
+                "ng.link.type": "caused_by",
+                "ng.failure.id": top.event_id,
+                "ng.failure.cause_id": cause.event_id,
+            },
+        }
+    ]
     assert model_process.count() == 1 and agent_process.count() == 1
 
 
@@ -159,8 +209,11 @@ def test_ended_span_gets_a_short_late_span_in_the_same_trace_with_links_at_creat
         record_failure(top, span=request_span)
     request, *late = telemetry.spans()
     assert request["events"] == [] and request["status"] == "UNSET"
-    assert [span["name"] for span in late] == ["ng.failure transport_timeout", "ng.failure agent_run_error",
-                                               "ng.failure agent_run_error"]  # fmt: skip
+    assert [span["name"] for span in late] == [
+        "ng.failure transport_timeout",
+        "ng.failure agent_run_error",
+        "ng.failure agent_run_error",
+    ]
     assert all(span["context"]["trace_id"] == request["context"]["trace_id"] for span in late)
     assert all(span["parent"] == request["context"] for span in late)
     assert [len(span["links"]) for span in late] == [0, 1, 1]

@@ -21,8 +21,13 @@ FAILURE = {"failure_reason": "session reset failed", "terminal": True, "failure_
 
 
 def rollout(**extra):
-    base = {"episode_id": "ep-1", "run_id": "run-1", "source": "collector", "delivery": "possibly_delivered",
-            "failure": FAILURE}  # fmt: skip
+    base = {
+        "episode_id": "ep-1",
+        "run_id": "run-1",
+        "source": "collector",
+        "delivery": "possibly_delivered",
+        "failure": FAILURE,
+    }
     return base | extra
 
 
@@ -99,9 +104,19 @@ def test_row_keys_are_the_contracts():
 
 @pytest.mark.parametrize(
     ("status", "infra"),
-    [(500, True), (503, True), (599, True), (408, True), (429, True), (425, True), (400, False), (404, False),
-     (422, False), (200, False)],
-)  # fmt: skip
+    [
+        (500, True),
+        (503, True),
+        (599, True),
+        (408, True),
+        (429, True),
+        (425, True),
+        (400, False),
+        (404, False),
+        (422, False),
+        (200, False),
+    ],
+)
 def test_http_status_is_infra(status, infra):
     assert http_status_is_infra(status) is infra
 
@@ -128,8 +143,9 @@ def test_status_decides_when_present_otherwise_the_kind(kind, status, expected):
 
 
 def test_users_can_override_the_classification():
-    strict = FailureClassifier(infra_kinds=frozenset({"judge_unparseable"}), infra_kind_prefixes=(),
-                               retriable_statuses=frozenset())  # fmt: skip
+    strict = FailureClassifier(
+        infra_kinds=frozenset({"judge_unparseable"}), infra_kind_prefixes=(), retriable_statuses=frozenset()
+    )
     assert strict.classify("judge_unparseable") is FailureClass.INFRA
     assert strict.classify("transport_timeout") is FailureClass.DATA
     assert strict.classify("x", 429) is FailureClass.DATA

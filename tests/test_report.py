@@ -218,10 +218,12 @@ def test_omitted_flag_travels_with_events():
         ("not json", "invalid failure report"),
         ('{"events": {"a": 1}}', "events.a"),
         ("[]", "invalid failure report"),
-        ('{"events":{"a":{"event_id":"a","boundary":"agent","failure_kind":"cancelled","failure_reason":"a\nb"}}}',
-         "invalid failure report"),
+        (
+            '{"events":{"a":{"event_id":"a","boundary":"agent","failure_kind":"cancelled","failure_reason":"a\nb"}}}',
+            "invalid failure report",
+        ),
     ],
-)  # fmt: skip
+)
 def test_from_header_rejects_malformed_values_with_a_clear_error(value, message):
     with pytest.raises(ValueError, match=message):
         FailureReport.from_header(value)
@@ -296,10 +298,17 @@ def test_every_record_round_trips_through_an_event(report):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(max_size=500), st.binary(max_size=500), st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=20).map(json.dumps)))  # fmt: skip
+@given(
+    st.one_of(
+        st.text(max_size=500),
+        st.binary(max_size=500),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+            max_leaves=20,
+        ).map(json.dumps),
+    )
+)
 def test_hostile_header_values_raise_only_value_error(value):
     try:
         FailureReport.from_header(value)

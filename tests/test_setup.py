@@ -39,8 +39,13 @@ def run(env_extra, script=SCRIPT):
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_enable_exports_over_otlp_from_the_standard_environment(otlp, protocol):
     endpoint = otlp.grpc_endpoint if protocol == "grpc" else otlp.http_endpoint
-    done = run({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-                "OTEL_METRIC_EXPORT_INTERVAL": "60000"})  # fmt: skip
+    done = run(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "OTEL_METRIC_EXPORT_INTERVAL": "60000",
+        }
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "enabled"
     assert otlp.wait_for(lambda: len(otlp.failure_events()) == 2)
@@ -84,8 +89,13 @@ def test_enable_reuses_providers_the_application_installed():
 
 
 def test_a_collector_that_is_down_never_breaks_the_program():
-    done = run({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
-                "OTEL_BSP_EXPORT_TIMEOUT": "1000"})  # fmt: skip
+    done = run(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+            "OTEL_BSP_EXPORT_TIMEOUT": "1000",
+        }
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "enabled"
 

@@ -58,18 +58,40 @@ def model_app() -> FastAPI:
             try:
                 raise TimeoutError("no bytes from the inference backend in 30s")
             except TimeoutError as err:
-                raise NgFailureEvent("transport_timeout", "inference backend did not answer within 30s",
-                                     boundary="model", stage="agent", http_status=504,
-                                     operation="chat_completions") from err  # fmt: skip
+                raise NgFailureEvent(
+                    "transport_timeout",
+                    "inference backend did not answer within 30s",
+                    boundary="model",
+                    stage="agent",
+                    http_status=504,
+                    operation="chat_completions",
+                ) from err
         if scenario == "retry_recovered" and attempt == 0:
-            raise NgFailureEvent("provider_unavailable", "all inference replicas busy", boundary="model",
-                                 stage="agent", http_status=503, operation="chat_completions")  # fmt: skip
+            raise NgFailureEvent(
+                "provider_unavailable",
+                "all inference replicas busy",
+                boundary="model",
+                stage="agent",
+                http_status=503,
+                operation="chat_completions",
+            )
         if scenario == "oversized":
             for replica in range(3):
-                observe_failure(NgFailureEvent("provider_unavailable", f"replica {replica}: " + "busy " * 380,
-                                               boundary="model", operation="chat_completions"))  # fmt: skip
-            raise NgFailureEvent("provider_quota_exhausted", "every replica refused: " + "quota " * 300,
-                                 boundary="model", http_status=503, operation="chat_completions")  # fmt: skip
+                observe_failure(
+                    NgFailureEvent(
+                        "provider_unavailable",
+                        f"replica {replica}: " + "busy " * 380,
+                        boundary="model",
+                        operation="chat_completions",
+                    )
+                )
+            raise NgFailureEvent(
+                "provider_quota_exhausted",
+                "every replica refused: " + "quota " * 300,
+                boundary="model",
+                http_status=503,
+                operation="chat_completions",
+            )
         if scenario == "malformed_header":
             return JSONResponse(_completion(), headers={"X-NG-Failure-Report": '{"events": {"x": "\\r\\nnot a record'})
         return JSONResponse(_completion())
@@ -96,24 +118,43 @@ def resources_app() -> FastAPI:
     async def verify(body: dict[str, Any]) -> dict[str, Any]:
         scenario = body.get("scenario", "ok")
         if scenario == "masked":
-            return {"reward": 0.0, "mask_sample": True, "failure_kind": "session_lost",
-                    "failure_reason": "browser session lost before the final page could be read"}  # fmt: skip
+            return {
+                "reward": 0.0,
+                "mask_sample": True,
+                "failure_kind": "session_lost",
+                "failure_reason": "browser session lost before the final page could be read",
+            }
         if scenario == "foreign_between":
             try:
                 try:
-                    raise NgFailureEvent("session_lost", "sandbox session expired mid-verification",
-                                         boundary="environment", stage="verification")  # fmt: skip
+                    raise NgFailureEvent(
+                        "session_lost",
+                        "sandbox session expired mid-verification",
+                        boundary="environment",
+                        stage="verification",
+                    )
                 except NgFailureEvent as lost:
                     raise RuntimeError("sandbox client crashed while reading results") from lost
             except RuntimeError as crash:
-                raise NgFailureEvent("verifier_error", "verifier could not read the sandbox",
-                                     boundary="resources_server", stage="verification", http_status=500,
-                                     operation="verify") from crash  # fmt: skip
+                raise NgFailureEvent(
+                    "verifier_error",
+                    "verifier could not read the sandbox",
+                    boundary="resources_server",
+                    stage="verification",
+                    http_status=500,
+                    operation="verify",
+                ) from crash
         try:
             reward = await call_judge(scenario)
         except JudgeSdkError as err:
-            raise NgFailureEvent("judge_failed", "judge call failed", boundary="resources_server",
-                                 stage="verification", http_status=502, operation="verify") from err  # fmt: skip
+            raise NgFailureEvent(
+                "judge_failed",
+                "judge call failed",
+                boundary="resources_server",
+                stage="verification",
+                http_status=502,
+                operation="verify",
+            ) from err
         return {"reward": reward, "mask_sample": False}
 
     return app
@@ -133,8 +174,9 @@ def agent_app(model_url: str, resources_url: str) -> FastAPI:
         return state["session"]
 
     async def call_model(scenario: str, attempt: int) -> dict[str, Any]:
-        async with session().post(f"{model_url}/v1/chat/completions",
-                                  json={"scenario": scenario, "attempt": attempt}) as response:  # fmt: skip
+        async with session().post(
+            f"{model_url}/v1/chat/completions", json={"scenario": scenario, "attempt": attempt}
+        ) as response:
             await raise_boundary_failure(response)
             return await response.json()  # type: ignore[no-any-return]
 
@@ -147,11 +189,21 @@ def agent_app(model_url: str, resources_url: str) -> FastAPI:
                 if attempt == 0 and err.failure_kind == "provider_unavailable":
                     observe_failure(err)  # recovered by the retry below
                     continue
-                raise NgFailureEvent("agent_run_error", "harness: model call failed", boundary="harness",
-                                     stage="agent", operation="chat_completions") from err  # fmt: skip
+                raise NgFailureEvent(
+                    "agent_run_error",
+                    "harness: model call failed",
+                    boundary="harness",
+                    stage="agent",
+                    operation="chat_completions",
+                ) from err
             except aiohttp.ClientResponseError as err:
-                raise NgFailureEvent("agent_run_error", "harness: model reply unusable", boundary="harness",
-                                     stage="agent", operation="chat_completions") from err  # fmt: skip
+                raise NgFailureEvent(
+                    "agent_run_error",
+                    "harness: model reply unusable",
+                    boundary="harness",
+                    stage="agent",
+                    operation="chat_completions",
+                ) from err
         raise AssertionError("unreachable")
 
     async def verify(scenario: str) -> dict[str, Any]:
@@ -165,13 +217,25 @@ def agent_app(model_url: str, resources_url: str) -> FastAPI:
         try:
             completion = await harness(scenario)
         except NgFailureEvent as err:
-            raise NgFailureEvent("agent_run_error", "rollout failed in the agent loop", boundary="agent",
-                                 stage="agent", http_status=500, operation="run") from err  # fmt: skip
+            raise NgFailureEvent(
+                "agent_run_error",
+                "rollout failed in the agent loop",
+                boundary="agent",
+                stage="agent",
+                http_status=500,
+                operation="run",
+            ) from err
         try:
             outcome = await verify(scenario)
         except NgFailureEvent as err:
-            raise NgFailureEvent("agent_run_error", "rollout failed in verification", boundary="agent",
-                                 stage="verification", http_status=500, operation="run") from err  # fmt: skip
+            raise NgFailureEvent(
+                "agent_run_error",
+                "rollout failed in verification",
+                boundary="agent",
+                stage="verification",
+                http_status=500,
+                operation="run",
+            ) from err
         return {"response": completion["choices"][0]["message"]["content"], **outcome}
 
     @app.on_event("shutdown")

@@ -65,8 +65,11 @@ def gym_stack(
                 command += ["--model-url", urls["model"], "--resources-url", urls["resources"]]
             output = open(log_dir / f"{name}.log", "wb") if log_dir else subprocess.DEVNULL
             own_env = {**child_env, **(server_env or {}).get(name, {})}
-            processes.append(subprocess.Popen(command, pass_fds=(fd,), env=own_env, cwd=ROOT,
-                                              stdout=output, stderr=subprocess.STDOUT))  # fmt: skip
+            processes.append(
+                subprocess.Popen(
+                    command, pass_fds=(fd,), env=own_env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT
+                )
+            )
         for name, process in zip(("model", "resources", "agent"), processes, strict=True):
             _wait_healthy(urls[name], process)
         yield StackUrls(model=urls["model"], agent=urls["agent"], resources=urls["resources"])

@@ -27,10 +27,17 @@ RETRIABLE_HTTP_STATUSES: Final[frozenset[int]] = frozenset({408, 425, 429})
 INFRA_KIND_PREFIXES: Final[tuple[str, ...]] = ("transport_", "provider_", "session_")
 INFRA_KINDS: Final[frozenset[str]] = frozenset(
     {
-        k.AGENT_TIMEOUT, k.AGENT_REQUEST_FAILED, k.ENVIRONMENT_SERVER_FAILED, k.JUDGE_FAILED,
-        k.KILL_SHAPED, k.SHUTDOWN, k.CANCELLED, k.PERSISTENCE_FAILED, k.COHORT_INCOMPLETE,
+        k.AGENT_TIMEOUT,
+        k.AGENT_REQUEST_FAILED,
+        k.ENVIRONMENT_SERVER_FAILED,
+        k.JUDGE_FAILED,
+        k.KILL_SHAPED,
+        k.SHUTDOWN,
+        k.CANCELLED,
+        k.PERSISTENCE_FAILED,
+        k.COHORT_INCOMPLETE,
     }
-)  # fmt: skip
+)
 
 
 def http_status_is_infra(status: int) -> bool:

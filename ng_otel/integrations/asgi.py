@@ -88,8 +88,9 @@ class _Reply:
 
     async def send_failure(self, status: int, body: bytes) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await self._send({"type": "http.response.start", "status": status,
-                          "headers": headers + _encoded(reply_headers(self._log))})  # fmt: skip
+        await self._send(
+            {"type": "http.response.start", "status": status, "headers": headers + _encoded(reply_headers(self._log))}
+        )
         await self._send({"type": "http.response.body", "body": body})
 
     async def finish_stream(self) -> None:
@@ -100,9 +101,12 @@ class _Reply:
             self._finished = True
 
     async def _send_report_event(self) -> None:
-        lines = [f"event: {names.SSE_EVENT}\ndata: {value}\n\n" if name == names.REPORT_HEADER
-                 else f"event: {names.SSE_CONTEXT_EVENT}\ndata: {value}\n\n"
-                 for name, value in reply_headers(self._log)]  # fmt: skip
+        lines = [
+            f"event: {names.SSE_EVENT}\ndata: {value}\n\n"
+            if name == names.REPORT_HEADER
+            else f"event: {names.SSE_CONTEXT_EVENT}\ndata: {value}\n\n"
+            for name, value in reply_headers(self._log)
+        ]
         if lines:
             await self._send({"type": "http.response.body", "body": "".join(lines).encode("ascii"), "more_body": True})
 
