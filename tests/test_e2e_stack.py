@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import urllib.request
+
 import pytest
 
 from examples.gym_stack.stack import ROOT, gym_stack
@@ -51,12 +53,26 @@ def run(tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
     with gym_stack(env=servers_env, log_dir=logs) as urls:
         rows = collect(urls.agent, logs / "rows.jsonl", collection_env)
+        direct = {
+            "episode_lost": post(f"{urls.resources}/episode", {"scenario": "episode_lost"}),
+            "episode_ok": post(f"{urls.resources}/episode", {"scenario": "ok"}),
+            "verify": [
+                post(f"{urls.resources}/verify", {"scenario": scenario})
+                for scenario in ["masked", "masked", "degraded", "ok", "ok", "ok", "hostile_verify"]
+            ],
+        }
     reports = {scenario: row_report(row) for scenario, row in rows.items()}
     expected = {eid for report in reports.values() if report for eid in report.events}
     # Servers flush on shutdown; wait until every event any reply reported has arrived.
     assert receiver.wait_for(lambda: expected <= {e["ng.failure.id"] for e in receiver.failure_events()})
-    yield SimpleNamespace(rows=rows, reports=reports, receiver=receiver)
+    yield SimpleNamespace(rows=rows, reports=reports, receiver=receiver, direct=direct)
     receiver.stop()
+
+
+def post(url, body):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return reply.status, {k.lower(): v for k, v in reply.headers.items()}, json.loads(reply.read())
 
 
 def by_id(receiver):
@@ -197,3 +213,48 @@ def test_replies_are_unaffected_when_the_otlp_endpoint_is_down(run, tmp_path):
         if report is not None:
             assert [r["failure_kind"] for r in report.chain()] == [r["failure_kind"] for r in live.chain()]
     assert FailureReport  # the rows decode with the public contract
+
+
+def test_an_environments_handled_failures_come_back_as_the_v1_envelope_with_the_report_beside_it(run):
+    status, headers, body = run.direct["episode_lost"]
+    assert status == 200 and body["trajectory"] == ["reset", "observe", "act"]
+    assert body["episode_failure"] == {
+        "failure_reason": "sandbox session lost mid-episode",
+        "terminal": True,
+        "failure_kind": "session_lost",
+        "stage": "agent",
+    }
+    report = FailureReport.from_dict(body["failure_report"])
+    assert report == FailureReport.from_header(headers["x-ng-failure-report"])
+    kinds = {record["failure_kind"]: record for record in report.events.values()}
+    assert set(kinds) == {"session_lost", "transport_peer_drop", "session_release_failed"}
+    assert report.failure_id == kinds["session_lost"]["event_id"]
+    assert kinds["session_lost"]["cause_id"] == kinds["transport_peer_drop"]["event_id"]
+    assert kinds["session_release_failed"]["stage"] == "cleanup"
+    assert body["partial"] == [{"steps_completed": 2}]
+    receiver = run.receiver
+    assert receiver.wait_for(lambda: set(report.events) <= set(by_id(receiver)))
+    exported = [e for e in receiver.failure_events() if e["ng.failure.id"] in report.events]
+    assert len(exported) == 3
+    assert {e["_span"]["status"] for e in exported} == {0}  # handled: the span is not an error
+    assert run.direct["episode_ok"][2] == {"trajectory": ["reset", "observe", "act"]}
+
+
+def test_verify_outcomes_are_counted_exactly_and_named_kinds_become_events(run):
+    receiver = run.receiver
+    assert all(status == 200 for status, _, _ in run.direct["verify"])
+    assert run.direct["verify"][-1][2]["reward"] == "not a number"  # hostile body passed through
+
+    def outcomes():
+        return {
+            (p["attributes"]["ng.verify.masked"], p["attributes"]["ng.failure.kind"]): p["value"]
+            for p in receiver.metric_points("ng.verify.outcomes")
+        }
+
+    expected = {(False, "none"): 6, (True, "session_lost"): 3, (False, "judge_unparseable"): 1}
+    assert receiver.wait_for(lambda: outcomes() == expected), outcomes()
+    verify_events = [
+        e for e in receiver.failure_events() if e.get("ng.failure.stage") == "verification" and "ng.verify.masked" in e
+    ]
+    masked = sorted((e["ng.failure.kind"], e["ng.verify.masked"]) for e in verify_events)
+    assert masked == [("judge_unparseable", False)] + [("session_lost", True)] * 3

@@ -22,6 +22,7 @@ import ng_otel
 from ng_otel import NgFailureEvent, observe_failure
 from ng_otel.integrations.aiohttp import failure_trace_config, raise_boundary_failure
 from ng_otel.integrations.asgi import FailureReportMiddleware
+from ng_otel.integrations.environment import episode_response, handled_episode_failure
 
 
 class JudgeSdkError(Exception):
@@ -114,6 +115,30 @@ def resources_app() -> FastAPI:
             raise JudgeSdkError("429 Too Many Requests: judge rate limit reached", status_code=429)
         return 1.0
 
+    @app.post("/episode")
+    async def episode(body: dict[str, Any]) -> dict[str, Any]:
+        """An environment step loop that handles its failures and returns them."""
+        result: dict[str, Any] = {"trajectory": ["reset", "observe", "act"]}
+        if body.get("scenario") == "episode_lost":
+            try:
+                raise NgFailureEvent(
+                    "transport_peer_drop", "sandbox connection reset by peer", boundary="environment", stage="agent"
+                )
+            except NgFailureEvent as err:
+                handled_episode_failure(
+                    "session_lost",
+                    "sandbox session lost mid-episode",
+                    stage="agent",
+                    terminal=True,
+                    partial={"steps_completed": 2},
+                    cause=err,
+                )
+            # cleanup runs after the decision, and can fail too: a late observation
+            handled_episode_failure(
+                "session_release_failed", "could not release the sandbox", stage="cleanup", terminal=False
+            )
+        return episode_response(result)
+
     @app.post("/verify")
     async def verify(body: dict[str, Any]) -> dict[str, Any]:
         scenario = body.get("scenario", "ok")
@@ -124,6 +149,16 @@ def resources_app() -> FastAPI:
                 "failure_kind": "session_lost",
                 "failure_reason": "browser session lost before the final page could be read",
             }
+        if scenario == "degraded":
+            # Validly scored, but the judge needed a fallback parse: a kind, not a mask.
+            return {
+                "reward": 0.5,
+                "mask_sample": False,
+                "failure_kind": "judge_unparseable",
+                "failure_reason": "judge reply needed the lenient parser",
+            }
+        if scenario == "hostile_verify":
+            return {"reward": "not a number", "mask_sample": "maybe", "failure_reason": "x" * 100_000}
         if scenario == "foreign_between":
             try:
                 try:

@@ -14,12 +14,14 @@ are wrapped so that a failure they turn into a reply is still recorded and repor
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, MutableMapping
+import json
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
 
 from opentelemetry import trace
 
 from ng_otel.integrations._exchange import failure_reply, reply_headers
+from ng_otel.integrations.environment import record_verify_outcome
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import FailureLog, close_failure_log, open_failure_log
@@ -34,9 +36,16 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _MAX_APP_DEPTH = 32  # how far down the middleware chain to look for exception handlers
 
 
+MAX_VERIFY_BODY = 1 << 20  # a verify reply larger than this is passed on unread
+
+
 class FailureReportMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    """``verify_paths``: routes whose JSON replies are verify responses, recorded with
+    ``record_verify_outcome`` (default ``("/verify",)``; ``()`` switches it off)."""
+
+    def __init__(self, app: ASGIApp, *, verify_paths: Collection[str] = ("/verify",)) -> None:
         self.app = app
+        self.verify_paths = frozenset(verify_paths)
         _wrap_exception_handlers(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -45,7 +54,7 @@ class FailureReportMiddleware:
             return
         log, token = open_failure_log()
         server_span = trace.get_current_span()
-        reply = _Reply(send, log)
+        reply = _Reply(send, log, verify=scope.get("path") in self.verify_paths)
         try:
             await self.app(scope, receive, reply.send)
         except Exception as error:
@@ -65,11 +74,14 @@ class FailureReportMiddleware:
 class _Reply:
     """Forwards the app's messages, adding the report where the reply can still carry it."""
 
-    __slots__ = ("_finished", "_log", "_send", "_stream", "started")
+    __slots__ = ("_body", "_finished", "_held", "_log", "_send", "_stream", "_verify", "started")
 
-    def __init__(self, send: Send, log: FailureLog) -> None:
+    def __init__(self, send: Send, log: FailureLog, *, verify: bool = False) -> None:
         self._send = send
         self._log = log
+        self._verify = verify
+        self._held: Message | None = None  # a verify reply's start, until its body is read
+        self._body: list[bytes] = []
         self.started = False
         self._stream = False
         self._finished = False
@@ -77,14 +89,38 @@ class _Reply:
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            self.started = True
             self._stream = _is_event_stream(message.get("headers", ()))
-            if self._log and not self._stream:
-                message = {**message, "headers": [*message.get("headers", ()), *_encoded(reply_headers(self._log))]}
-        elif kind == "http.response.body" and self._stream and not message.get("more_body", False):
+            if self._verify and not self._stream and _is_json(message.get("headers", ())):
+                self._held = message
+                return
+            await self._start(message)
+            return
+        if self._held is not None and kind == "http.response.body":
+            self._body.append(message.get("body", b""))
+            if message.get("more_body", False):
+                if sum(map(len, self._body)) > MAX_VERIFY_BODY:
+                    await self._release(more_body=True)
+                return
+            record_verify_outcome(_json(b"".join(self._body)))
+            await self._release(more_body=False)
+            return
+        if kind == "http.response.body" and self._stream and not message.get("more_body", False):
             await self._send_report_event()
             self._finished = True
         await self._send(message)
+
+    async def _start(self, message: Message) -> None:
+        self.started = True
+        if self._log and not self._stream:
+            message = {**message, "headers": [*message.get("headers", ()), *_encoded(reply_headers(self._log))]}
+        await self._send(message)
+
+    async def _release(self, *, more_body: bool) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            await self._start(held)
+        body, self._body = b"".join(self._body), []
+        await self._send({"type": "http.response.body", "body": body, "more_body": more_body})
 
     async def send_failure(self, status: int, body: bytes) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -111,11 +147,26 @@ class _Reply:
             await self._send({"type": "http.response.body", "body": "".join(lines).encode("ascii"), "more_body": True})
 
 
-def _is_event_stream(headers: Any) -> bool:
+def _content_type(headers: Any) -> bytes:
     for name, value in headers:
         if name.lower() == b"content-type":
-            return bool(value.lower().startswith(b"text/event-stream"))
-    return False
+            return bytes(value).lower()
+    return b""
+
+
+def _is_event_stream(headers: Any) -> bool:
+    return _content_type(headers).startswith(b"text/event-stream")
+
+
+def _is_json(headers: Any) -> bool:
+    return _content_type(headers).startswith(b"application/json")
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None  # not JSON after all: record_verify_outcome ignores it
 
 
 def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

@@ -98,12 +98,14 @@ class FailureRecorder:
         *,
         own: bool,
         recovered: bool | None = None,
+        event_attributes: Mapping[str, Any] | None = None,
     ) -> int:
         """Record every event of ``report`` not known yet, causes before effects.
 
         ``own`` marks ``report.failure_id`` as the span's own failure (``error.type``, status
         ERROR). ``recovered`` forces the recovered attribute; by default an event is recovered
-        when it is off the chain of ``report.failure_id``. Returns how many were new.
+        when it is off the chain of ``report.failure_id``. ``event_attributes`` are added to
+        every event (for example ``ng.verify.masked``). Returns how many were new.
         """
         target = span if span is not None else trace.get_current_span()
         if recovered is None:
@@ -111,7 +113,7 @@ class FailureRecorder:
         else:
             recovered_ids = report.events if recovered else ()
         own_id = report.failure_id if own else None
-        on = _Target(target)
+        on = _Target(target, event_attributes)
         recorded = 0
         for record in causes_first(report.events):
             event_id = record["event_id"]
@@ -155,7 +157,7 @@ class FailureRecorder:
         links = self._links(record, target)
         span = self.tracer.start_span(names.LATE_SPAN_PREFIX + record["failure_kind"], context=context, links=links)
         try:
-            self._emit(record, _Target(span), recovered=recovered, own=own, linked=True)
+            self._emit(record, _Target(span, target.extra), recovered=recovered, own=own, linked=True)
         finally:
             span.end()
         self.index.set(event_id, span.get_span_context())
@@ -210,6 +212,8 @@ class FailureRecorder:
         if foreign is not None:
             attributes[names.FOREIGN_TYPE] = foreign["type"]
             attributes[names.FOREIGN_MESSAGE] = foreign["message"]
+        if target.extra:
+            attributes.update(target.extra)
 
         if not linked:
             for link in self._links(record, target):
@@ -241,10 +245,11 @@ class FailureRecorder:
 class _Target:
     """The span failures go on, with what every event needs from it computed once."""
 
-    __slots__ = ("context", "exemplar_context", "recording", "span")
+    __slots__ = ("context", "exemplar_context", "extra", "recording", "span")
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span, extra: Mapping[str, Any] | None = None) -> None:
         self.span = span
+        self.extra = extra
         self.context = span.get_span_context()
         self.recording = span.is_recording()
         # Exemplars on the counter point at the failure's span, current or not.
