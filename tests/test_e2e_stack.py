@@ -6,10 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
-
-import urllib.request
 
 import pytest
 
