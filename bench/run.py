@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["codec.py", "recorder.py", "latency.py"]
+BENCHMARKS = ["codec.py", "recorder.py", "latency.py", "replay.py"]
 
 if __name__ == "__main__":
     failed = []

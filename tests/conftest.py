@@ -1,6 +1,6 @@
 import pytest
 
-from tests.otlp_server import OtlpReceiver
+from ng_otel._otlp_receiver import OtlpReceiver
 
 
 @pytest.fixture

@@ -37,23 +37,34 @@ def test_bad_rows_raise_a_clear_error(row, message):
         row_report(row)
 
 
-def test_replay_links_to_live_spans_instead_of_exporting_again():
+def test_replay_has_the_live_chains_shape_and_links_to_the_live_spans():
     live = CapturedTelemetry()
-    top = chain()
-    with live.tracer.start_as_current_span("POST /run"):
+    cause = NgFailureEvent("transport_timeout", "model timed out", boundary="model")
+    with live.tracer.start_as_current_span("model POST /v1/chat"):
+        live.recorder.record(failure_report_for(cause), own=True)
+    top = raise_chain(cause, NgFailureEvent("agent_run_error", "run failed", boundary="agent"))
+    with live.tracer.start_as_current_span("agent POST /run"):
         live.recorder.record(failure_report_for(top), own=True)
-    live_contexts = live.recorder.index.contexts_for([top.event_id, top.__cause__.event_id])
-    live_row = report_row(failure_report_for(top), contexts=live_contexts)
+    contexts = live.recorder.index.contexts_for([top.event_id, cause.event_id])
+    live_row = report_row(failure_report_for(top), contexts=contexts)
     offline = chain()
     rows = [live_row, {"result": "healthy"}, {"_ng_failure_events": 5}, report_row(failure_report_for(offline), {})]
     with capture_failures() as telemetry:
         summary = replay_rows(rows)
-    assert (summary.rows, summary.with_failures, summary.events_recorded) == (4, 2, 2)
+    assert (summary.rows, summary.with_failures, summary.events_recorded) == (4, 2, 4)
     assert summary.skipped == [(3, "invalid failure report: events: Input should be a valid dictionary")]
-    (span,) = telemetry.spans()
-    assert span["name"] == "ng.replay"
-    assert [e["attributes"]["ng.failure.id"] for e in span["events"]] == [offline.__cause__.event_id, offline.event_id]
+    spans = {tuple(e["attributes"]["ng.failure.id"] for e in span["events"]): span for span in telemetry.spans()}
+    assert set(spans) == {(cause.event_id,), (top.event_id,), (offline.__cause__.event_id, offline.event_id)}
+    assert {span["name"] for span in spans.values()} == {"ng.replay"}
+    model_span, agent_span = spans[(cause.event_id,)], spans[(top.event_id,)]
+    live_spans = {span["name"]: span["context"] for span in live.spans()}
+    assert model_span["links"] == [
+        {"context": live_spans["model POST /v1/chat"], "attributes": {"ng.link.type": "replay_of"}}
+    ]
+    caused_by = [link for link in agent_span["links"] if link["attributes"]["ng.link.type"] == "caused_by"]
+    assert [link["context"] for link in caused_by] == [model_span["context"]]
     telemetry.assert_linked()
+    telemetry.assert_exported_once()
 
 
 def test_replay_of_rows_without_contexts_exports_each_event_once():

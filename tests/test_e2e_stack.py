@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from examples.gym_stack.stack import ROOT, gym_stack
+from ng_otel._otlp_receiver import OtlpReceiver
 from ng_otel.contract import FailureReport
 from ng_otel.integrations.collection import row_report
-from tests.otlp_server import OtlpReceiver
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@
 
 Rows keep the contract's keys (``_ng_failure_events``, ``_ng_failure_id``,
 ``_ng_failure_events_omitted``) plus ``_ng_failure_contexts``, the span contexts the events
-were exported on, so a replay links to the live traces instead of exporting them again.
+were exported on, so a replayed chain has the live chain's shape and links to it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import Link, Span, SpanContext
 
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import FailureReport
@@ -81,26 +81,42 @@ def replay_rows(rows: Iterable[Mapping[str, Any]], *, first_line: int = 1) -> Re
     """Turn saved rows back into telemetry through the configured providers. Events saved
     with a live span context are linked to, never exported again; a row with bad data is
     skipped and reported with its line number."""
-    recorder = get_recorder()
     summary = ReplaySummary()
     for line, row in enumerate(rows, start=first_line):
-        summary.rows += 1
-        try:
-            report = row_report(row)
-            contexts = row_contexts(row) if report is not None else None
-        except ValueError as error:
-            summary.skipped.append((line, str(error)))
-            continue
-        if report is None or not report.events:
-            continue
-        summary.with_failures += 1
-        if contexts:
-            recorder.learn_remote(report, contexts)
-        if all(event_id in recorder.index for event_id in report.events):
-            continue  # exported live already: nothing to add
-        span = recorder.tracer.start_span(names.REPLAY_SPAN)
-        try:
-            summary.events_recorded += recorder.record(report, span, own=True)
-        finally:
-            span.end()
+        replay_row(row, line, summary)
     return summary
+
+
+def replay_row(row: Mapping[str, Any], line: int, summary: ReplaySummary) -> None:
+    """Replay one saved row into ``summary`` (see ``replay_rows``); never raises for bad data."""
+    summary.rows += 1
+    try:
+        report = row_report(row)
+        contexts = row_contexts(row) if report is not None else None
+    except ValueError as error:
+        summary.skipped.append((line, str(error)))
+        return
+    if report is None or not report.events:
+        return
+    summary.with_failures += 1
+    recorder = get_recorder()
+    if all(event_id in recorder.index for event_id in report.events):
+        return  # replayed (or recorded) here already: each event once
+    # One replay span per live span the row saved, linked to it, so the replayed chain has
+    # the live chain's shape: the same ids, and a cause link wherever the live run had one.
+    live = {event_id: ctx for event_id, ctx in (contexts or {}).items() if ctx.is_valid and event_id in report.events}
+    spans: dict[str, Span] = {}
+    by_live: dict[tuple[int, int], Span] = {}
+    for event_id, context in live.items():
+        key = (context.trace_id, context.span_id)
+        if key not in by_live:
+            link = Link(context, {names.LINK_TYPE: names.LINK_REPLAY_OF})
+            by_live[key] = recorder.tracer.start_span(names.REPLAY_SPAN, links=[link])
+        spans[event_id] = by_live[key]
+    unplaced = any(event_id not in spans for event_id in report.events)
+    opened = [*by_live.values(), *([recorder.tracer.start_span(names.REPLAY_SPAN)] if unplaced else [])]
+    try:
+        summary.events_recorded += recorder.record(report, opened[-1], own=True, spans=spans)
+    finally:
+        for span in opened:
+            span.end()

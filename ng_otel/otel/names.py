@@ -31,6 +31,7 @@ ERROR_TYPE: Final = "error.type"
 
 LINK_TYPE: Final = "ng.link.type"
 LINK_CAUSED_BY: Final = "caused_by"
+LINK_REPLAY_OF: Final = "replay_of"  # from a replayed span to the live span its events were first recorded on
 
 FAILURES_METRIC: Final = "ng.failures"
 FAILURES_UNIT: Final = "{failure}"

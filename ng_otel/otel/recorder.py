@@ -99,13 +99,15 @@ class FailureRecorder:
         own: bool,
         recovered: bool | None = None,
         event_attributes: Mapping[str, Any] | None = None,
+        spans: Mapping[str, Span] | None = None,
     ) -> int:
         """Record every event of ``report`` not known yet, causes before effects.
 
         ``own`` marks ``report.failure_id`` as the span's own failure (``error.type``, status
         ERROR). ``recovered`` forces the recovered attribute; by default an event is recovered
         when it is off the chain of ``report.failure_id``. ``event_attributes`` are added to
-        every event (for example ``ng.verify.masked``). Returns how many were new.
+        every event (for example ``ng.verify.masked``); ``spans`` puts chosen events on other
+        spans than ``span``. Returns how many were new.
         """
         target = span if span is not None else trace.get_current_span()
         if recovered is None:
@@ -114,10 +116,13 @@ class FailureRecorder:
             recovered_ids = report.events if recovered else ()
         own_id = report.failure_id if own else None
         on = _Target(target, event_attributes)
+        targets: dict[int, _Target] = {}
         recorded = 0
         for record in causes_first(report.events):
             event_id = record["event_id"]
-            recorded += self.record_event(record, on, recovered=event_id in recovered_ids, own=event_id == own_id)
+            chosen = spans.get(event_id) if spans else None
+            where = on if chosen is None else targets.setdefault(id(chosen), _Target(chosen, event_attributes))
+            recorded += self.record_event(record, where, recovered=event_id in recovered_ids, own=event_id == own_id)
         return recorded
 
     def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> None:

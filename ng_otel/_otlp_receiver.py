@@ -1,13 +1,16 @@
-"""A real OTLP receiver for the test suite: gRPC and HTTP/protobuf on 127.0.0.1.
+"""A small OTLP receiver: gRPC and HTTP/protobuf on 127.0.0.1.
 
-The application's real OTLP exporters send to it over real sockets; tests read back what
-arrived as plain dicts. It can also refuse (UNAVAILABLE / 503) to simulate a collector in
-trouble.
+``ng-otel demo`` uses it when no collector is configured, writing what arrives as OTLP JSON
+lines (the format of the Collector's ``otlpjsonfile`` receiver); the test suite uses it as
+the real OTLP server the real exporters send to. It can refuse (UNAVAILABLE / 503) to play a
+collector in trouble.
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
+import json
 import threading
 import time
 import zlib
@@ -17,10 +20,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+_HEX_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
+
+
+def otlp_json(message: Any) -> Any:
+    """The OTLP/JSON form of a request: protobuf JSON, except that trace and span ids are hex
+    strings (the OTLP JSON encoding), not base64."""
+    return _hex_ids(MessageToDict(message))
+
+
+def _hex_ids(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            key: base64.b64decode(value).hex() if key in _HEX_ID_KEYS and isinstance(value, str) else _hex_ids(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_hex_ids(item) for item in node]
+    return node
 
 
 def any_value(value: AnyValue) -> Any:
@@ -75,13 +98,13 @@ class OtlpReceiver:
                 return store("logs", request, context, logs_service_pb2.ExportLogsServiceResponse())
 
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self._grpc)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self._grpc)
-        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), self._grpc)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self._grpc)  # type: ignore[no-untyped-call]
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self._grpc)  # type: ignore[no-untyped-call]
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), self._grpc)  # type: ignore[no-untyped-call]
         self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
         self._grpc.start()
 
-        paths = {
+        paths: dict[str, tuple[str, Any, Any]] = {
             "/v1/traces": (
                 "traces",
                 trace_service_pb2.ExportTraceServiceRequest,
@@ -237,6 +260,15 @@ class OtlpReceiver:
                             }
                         )
         return found
+
+    def write_jsonl(self, path: Any) -> int:
+        """Every request received so far as OTLP JSON, one per line; returns the line count."""
+        with self._lock:
+            requests = [*self.traces, *self.metrics, *self.logs]
+        with open(path, "w", encoding="utf-8") as out:
+            for request in requests:
+                out.write(json.dumps(otlp_json(request), separators=(",", ":")) + "\n")
+        return len(requests)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,216 @@
+"""The command line, run as a user runs it: `ng-otel ...` in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ng_otel._otlp_receiver import OtlpReceiver
+
+NG_OTEL = [sys.executable, "-m", "ng_otel.cli"]
+
+
+def ng_otel(*args, env=None, cwd=None):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
+    environment.update(env or {})
+    environment["COLUMNS"] = "200"  # one tree line per event, whatever the terminal
+    return subprocess.run([*NG_OTEL, *args], capture_output=True, text=True, env=environment, cwd=cwd, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    done = ng_otel("demo", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, out
+
+
+def live_events(telemetry: Path):
+    """(event id -> span id, caused_by links as (effect id, cause span id)) from OTLP JSON."""
+    where, links = {}, set()
+    for line in telemetry.read_text().splitlines():
+        for resource in json.loads(line).get("resourceSpans", []):
+            for scope in resource["scopeSpans"]:
+                for span in scope["spans"]:
+                    for event in span.get("events", []):
+                        if event["name"] == "ng.failure":
+                            attrs = {a["key"]: a["value"] for a in event["attributes"]}
+                            assert attrs["ng.failure.id"]["stringValue"] not in where, "exported twice"
+                            where[attrs["ng.failure.id"]["stringValue"]] = span["spanId"]
+                    for link in span.get("links", []):
+                        attrs = {a["key"]: a["value"]["stringValue"] for a in link["attributes"]}
+                        if attrs.get("ng.link.type") == "caused_by":
+                            links.add((attrs["ng.failure.id"], link["spanId"]))
+    return where, links
+
+
+@pytest.mark.e2e
+def test_demo_prints_every_chain_as_a_tree_and_saves_the_rows(demo):
+    stdout, out = demo
+    lines = [line.rstrip() for line in stdout.splitlines()]
+    start = next(i for i, line in enumerate(lines) if "scenario model_timeout" in line)
+    tree = "\n".join(lines[start + 1 : start + 7])
+    assert (
+        tree.index("agent_run_error  agent")
+        < tree.index("agent_run_error  harness")
+        < tree.index("transport_timeout  model")
+    )
+    assert "└── transport_timeout  model · stage agent · 504" in tree
+    assert "judge call failed  via examples.gym_stack.servers.JudgeSdkError" in stdout
+    assert "report omitted" in stdout
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(row["scenario"], row["status"]) for row in rows] == [
+        ("model_timeout", 500),
+        ("retry_recovered", 200),
+        ("judge_failed", 500),
+        ("masked", 200),
+        ("oversized", 500),
+        ("foreign_between", 500),
+        ("malformed_header", 200),
+        ("ok", 200),
+    ]
+    for row in rows:
+        assert row["trace_id"][:16] in stdout
+    assert f"rows: {out / 'rows.jsonl'}" in stdout
+
+
+@pytest.mark.e2e
+def test_demo_telemetry_is_otlp_json_with_hex_ids_and_each_event_once(demo):
+    _, out = demo
+    where, links = live_events(out / "telemetry.jsonl")
+    saved = set()
+    for line in (out / "rows.jsonl").read_text().splitlines():
+        saved |= set(json.loads(line).get("_ng_failure_events", {}))
+    assert saved <= set(where)
+    assert all(len(span_id) == 16 and int(span_id, 16) for span_id in where.values())
+    assert len(links) >= 3
+
+
+@pytest.mark.e2e
+def test_replay_of_the_demo_rows_gives_the_same_chains_as_the_live_run(demo):
+    _, out = demo
+    live_where, live_links = live_events(out / "telemetry.jsonl")
+    receiver = OtlpReceiver().start()
+    try:
+        done = ng_otel(
+            "replay",
+            str(out / "rows.jsonl"),
+            env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_METRICS_EXPORTER": "none"},
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        replay_path = out / "replay.jsonl"
+        receiver.write_jsonl(replay_path)
+    finally:
+        receiver.stop()
+    saved = {}
+    for line in (out / "rows.jsonl").read_text().splitlines():
+        saved |= json.loads(line).get("_ng_failure_events", {})
+    replay_where, replay_links = live_events(replay_path)  # asserts no event is exported twice
+    assert set(replay_where) == set(saved)
+    # The same cause links: live (effect, cause span) maps to replay through the event ids.
+    live_span_event = {span: event for event, span in live_where.items()}
+    live_shape = {(effect, live_span_event.get(span)) for effect, span in live_links if effect in saved}
+    replay_span_events = {}
+    for event, span in replay_where.items():
+        replay_span_events.setdefault(span, set()).add(event)
+    replay_shape = {
+        (effect, cause)
+        for effect, span in replay_links
+        for cause in replay_span_events[span]
+        if saved[effect].get("cause_id") == cause
+    }
+    assert live_shape == replay_shape and len(replay_shape) >= 3
+    assert f"replayed 8 rows: 7 with failures, {len(saved)} events exported, 0 skipped" in done.stdout
+
+
+FIXTURE_ROWS = [
+    {
+        "scenario": "a",
+        "_ng_failure_id": "e2",
+        "_ng_failure_events": {
+            "e1": {
+                "event_id": "e1",
+                "boundary": "model",
+                "failure_kind": "transport_timeout",
+                "failure_reason": "slow",
+            },
+            "e2": {
+                "event_id": "e2",
+                "boundary": "agent",
+                "failure_kind": "agent_run_error",
+                "failure_reason": "boom \x1b[31mRED\x1b[0m [bold]markup[/bold]",
+                "cause_id": "e1",
+            },
+        },
+    },
+    {
+        "scenario": "b",
+        "_ng_failure_events": {
+            "e3": {
+                "event_id": "e3",
+                "boundary": "environment",
+                "failure_kind": "browser_crashed",
+                "failure_reason": "x",
+            },
+            "e4": {
+                "event_id": "e4",
+                "boundary": "environment",
+                "failure_kind": "swe:patch_failed",
+                "failure_reason": "y",
+            },
+        },
+    },
+    {"scenario": "healthy", "result": 1},
+]
+
+
+@pytest.fixture
+def rows_file(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    lines = [json.dumps(row) for row in FIXTURE_ROWS]
+    lines.insert(2, "{not json")
+    lines.append(json.dumps({"_ng_failure_events": {"z": {"event_id": "q"}}}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_show_draws_trees_filters_and_reports_bad_lines_with_their_numbers(rows_file):
+    done = ng_otel("show", str(rows_file))
+    assert done.returncode == 0
+    assert "line 1 · scenario a" in done.stdout and "line 2 · scenario b" in done.stdout
+    assert "\x1b" not in done.stdout and "[bold]markup[/bold]" in done.stdout
+    assert "line 3: skipped: not JSON" in done.stdout
+    assert "line 5: skipped: invalid failure report: events.z" in done.stdout
+    only = ng_otel("show", str(rows_file), "--kind", "transport_timeout")
+    assert "scenario a" in only.stdout and "scenario b" not in only.stdout
+    by_boundary = ng_otel("show", str(rows_file), "--boundary", "environment")
+    assert "scenario b" in by_boundary.stdout and "scenario a" not in by_boundary.stdout
+
+
+def test_kinds_lists_the_vocabulary_and_check_finds_unregistered_kinds(rows_file):
+    listing = ng_otel("kinds")
+    assert listing.returncode == 0 and "24 shared failure kinds" in listing.stdout
+    assert "cohort_incomplete" in listing.stdout
+    check = ng_otel("kinds", "--check", str(rows_file))
+    assert check.returncode == 1
+    assert "browser_crashed" in check.stdout and "swe:patch_failed" not in check.stdout
+
+
+def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp):
+    done = ng_otel(
+        "replay",
+        str(rows_file),
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint, "OTEL_METRICS_EXPORTER": "none"},
+    )
+    assert done.returncode == 1
+    assert "line 3: skipped: not JSON" in done.stdout and "line 5: skipped" in done.stdout
+    assert "replayed 5 rows: 2 with failures, 4 events exported, 2 skipped" in done.stdout
+    assert otlp.wait_for(lambda: len(otlp.failure_events()) == 4)
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path):
+    done = ng_otel("show", str(tmp_path / "nope.jsonl"))
+    assert done.returncode == 2 and "no such file" in done.stdout
