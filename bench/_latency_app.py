@@ -17,9 +17,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from ng_otel import NgFailureEvent
 
 
-def build(with_ng_otel: bool) -> FastAPI:
-    trace.set_tracer_provider(TracerProvider())
-    metrics.set_meter_provider(MeterProvider())
+def build(with_ng_otel: bool, exporting: bool = False) -> FastAPI:
+    """``exporting``: let ng_otel.enable() install providers with the OTEL_* exporters."""
+    if not exporting:
+        trace.set_tracer_provider(TracerProvider())
+        metrics.set_meter_provider(MeterProvider())
     app = FastAPI()
     FastAPIInstrumentor.instrument_app(app)
     if with_ng_otel:
@@ -52,7 +54,7 @@ def build(with_ng_otel: bool) -> FastAPI:
 
 if __name__ == "__main__":
     sock = socket.socket(fileno=int(sys.argv[1]))
-    app = build(sys.argv[2] == "ng_otel")
+    app = build(sys.argv[2] != "plain", exporting=sys.argv[2] == "exporting")
     try:
         asyncio.run(uvicorn.Server(uvicorn.Config(app, log_level="error", access_log=False)).serve(sockets=[sock]))
     except KeyboardInterrupt:  # SIGINT is how the parent stops us; atexit then flushes telemetry

@@ -1,8 +1,10 @@
 """p50 latency of the same app with and without ng_otel, both with OpenTelemetry's FastAPI
-instrumentation, each server its own process, called alternately from this one.
+instrumentation, each server its own process, called alternately from this one; then the
+same app with ng_otel exporting to a live OTLP receiver vs to a dead endpoint.
 
 Targets: a request with no failure at most 1.05x; a reply carrying a three-event chain at
-most 1.15x. Run: .venv/bin/python bench/latency.py [requests per variant, default 3000]
+most 1.15x; failing requests with the collector dead vs alive at most 1.10x.
+Run: .venv/bin/python bench/latency.py [requests per variant, default 3000]
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,15 +39,16 @@ def _pin(cpus: set[int]):  # type: ignore[no-untyped-def]
 ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
 
 
-def start(variant: str) -> tuple[subprocess.Popen[bytes], int, socket.socket]:
+def start(variant: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], int, socket.socket]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     process = subprocess.Popen(
         [sys.executable, str(HERE / "_latency_app.py"), str(sock.fileno()), variant],
         pass_fds=(sock.fileno(),),
-        env=ENV,
+        env={**ENV, **(env or {})},
         preexec_fn=_pin(SERVER_CPUS),
+        stderr=subprocess.DEVNULL,  # a dead collector makes the exporters log every retry
     )
     return process, sock.getsockname()[1], sock
 
@@ -98,20 +103,58 @@ def p50_pair(path: str, ports: dict[str, int], requests: int) -> dict[str, float
 
 def main(requests: int = 3000) -> bool:
     os.sched_setaffinity(0, CLIENT_CPUS)
-    servers = {name: start(name) for name in ("ng_otel", "plain")}
-    try:
-        ports = {name: port for name, (_, port, _) in servers.items()}
-        for port in ports.values():
-            wait_ready(port)
+    with running({"ng_otel": ("ng_otel", {}), "plain": ("plain", {})}) as ports:
         healthy = p50_pair("/ok", ports, requests)
         ok = report("p50 latency, no failure", healthy["ng_otel"], healthy["plain"], target=1.05)
         chain = p50_pair("/chain", ports, requests)
         ok &= report("p50 latency, reply with a 3-event chain", chain["ng_otel"], chain["plain"], target=1.15)
-        return ok
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE, text=True, preexec_fn=_pin(CLIENT_CPUS)
+    )
+    try:
+        live = receiver.stdout.readline().strip() if receiver.stdout else ""
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        exporting = {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+        }
+        variants = {
+            "live": ("exporting", {**exporting, "OTEL_EXPORTER_OTLP_ENDPOINT": live}),
+            "dead": ("exporting", {**exporting, "OTEL_EXPORTER_OTLP_ENDPOINT": dead}),
+        }
+        with running(variants) as ports:
+            faults = p50_pair("/chain", ports, requests)
+        ok &= report(
+            "p50 latency of failing requests, collector dead vs alive", faults["dead"], faults["live"], target=1.10
+        )
+    finally:
+        receiver.terminate()
+        receiver.wait(timeout=15)
+    return ok
+
+
+RECEIVER = (
+    "import time; from ng_otel._otlp_receiver import OtlpReceiver; r = OtlpReceiver().start(); "
+    "print(r.http_endpoint, flush=True); time.sleep(3600)"
+)
+
+
+@contextmanager
+def running(variants: dict[str, tuple[str, dict[str, str]]]) -> Iterator[dict[str, int]]:
+    servers = {name: start(variant, env) for name, (variant, env) in variants.items()}
+    try:
+        ports = {name: port for name, (_, port, _) in servers.items()}
+        for port in ports.values():
+            wait_ready(port)
+        yield ports
     finally:
         for process, _, sock in servers.values():
             process.send_signal(signal.SIGINT)
-            process.wait(timeout=15)
+            process.wait(timeout=60)
             sock.close()
 
 

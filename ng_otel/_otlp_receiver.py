@@ -68,16 +68,20 @@ class OtlpReceiver:
         self.metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
         self.logs: list[logs_service_pb2.ExportLogsServiceRequest] = []
         self.refuse = False
+        self.delay = 0.0  # seconds each export waits before it is answered: a slow collector
         self.export_calls = 0
         self._grpc: grpc.Server | None = None
         self._http: ThreadingHTTPServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self) -> OtlpReceiver:
+    def start(self, grpc_port: int = 0, http_port: int = 0) -> OtlpReceiver:
+        """Listen on 127.0.0.1 (port 0: any free port); a restarted collector passes the old ports."""
         receiver = self
 
         def store(kind: str, request: Any, context: Any, response: Any) -> Any:
+            if receiver.delay:
+                time.sleep(receiver.delay)
             with receiver._lock:
                 receiver.export_calls += 1
                 if receiver.refuse:
@@ -101,7 +105,7 @@ class OtlpReceiver:
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self._grpc)  # type: ignore[no-untyped-call]
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self._grpc)  # type: ignore[no-untyped-call]
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), self._grpc)  # type: ignore[no-untyped-call]
-        self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+        self.grpc_port = self._grpc.add_insecure_port(f"127.0.0.1:{grpc_port}")
         self._grpc.start()
 
         paths: dict[str, tuple[str, Any, Any]] = {
@@ -127,6 +131,8 @@ class OtlpReceiver:
                     body = gzip.decompress(body)
                 elif encoding == "deflate":
                     body = zlib.decompress(body)
+                if receiver.delay:
+                    time.sleep(receiver.delay)
                 with receiver._lock:
                     receiver.export_calls += 1
                     refuse = receiver.refuse
@@ -149,7 +155,8 @@ class OtlpReceiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._http = ThreadingHTTPServer(("127.0.0.1", http_port), Handler)
         self.http_port = self._http.server_address[1]
         threading.Thread(target=self._http.serve_forever, daemon=True).start()
         return self

@@ -25,27 +25,39 @@ SCENARIOS = (
 )
 
 
-async def collect(agent_url: str, scenarios: tuple[str, ...] = SCENARIOS) -> list[dict[str, Any]]:
-    """One row per scenario, in order."""
+async def collect(agent_url: str, scenarios: tuple[str, ...] = SCENARIOS, concurrency: int = 1) -> list[dict[str, Any]]:
+    """One row per scenario, in order; up to ``concurrency`` rollouts in flight at once."""
     ng_otel.enable("rollout-collection")
     tracer = trace.get_tracer("gym.collection")
-    rows = []
-    async with aiohttp.ClientSession(trace_configs=[failure_trace_config(boundary="collection")]) as session:
-        for scenario in scenarios:
-            with tracer.start_as_current_span(f"rollout {scenario}") as span:
-                async with session.post(f"{agent_url}/run", json={"scenario": scenario}) as response:
-                    body = await response.json(content_type=None)
-                    status = response.status
-                    report = reply_report(response, boundary="collection")
-                trace_id = f"{span.get_span_context().trace_id:032x}"
-            row: dict[str, Any] = {"scenario": scenario, "status": status, "trace_id": trace_id}
+    gate = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(
+        connector=connector, trace_configs=[failure_trace_config(boundary="collection")]
+    ) as session:
+
+        async def rollout(scenario: str) -> dict[str, Any]:
+            async with gate:
+                with tracer.start_as_current_span(f"rollout {scenario}") as span:
+                    async with session.post(f"{agent_url}/run", json={"scenario": scenario}) as response:
+                        body = await response.json(content_type=None)
+                        status = response.status
+                        carried = "X-NG-Failure-Report" in response.headers
+                        report = reply_report(response, boundary="collection")
+                    trace_id = f"{span.get_span_context().trace_id:032x}"
+            row: dict[str, Any] = {
+                "scenario": scenario,
+                "status": status,
+                "trace_id": trace_id,
+                "report_header": carried,
+            }
             row["result" if status < 400 else "error"] = body
-            rows.append({**row, **report_row(report)})
-    return rows
+            return {**row, **report_row(report)}
+
+        return list(await asyncio.gather(*(rollout(scenario) for scenario in scenarios)))
 
 
-def run(agent_url: str, scenarios: tuple[str, ...] = SCENARIOS) -> list[dict[str, Any]]:
-    return asyncio.run(collect(agent_url, scenarios))
+def run(agent_url: str, scenarios: tuple[str, ...] = SCENARIOS, concurrency: int = 1) -> list[dict[str, Any]]:
+    return asyncio.run(collect(agent_url, scenarios, concurrency))
 
 
 def main() -> None:
@@ -61,9 +73,10 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON lines, one row per rollout")
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
     parser.add_argument("--repeat", type=int, default=1, help="run the scenarios this many times")
+    parser.add_argument("--concurrency", type=int, default=1, help="rollouts in flight at once")
     args = parser.parse_args()
     AioHttpClientInstrumentor().instrument()
-    rows = run(args.agent_url, tuple(args.scenario or SCENARIOS) * args.repeat)
+    rows = run(args.agent_url, tuple(args.scenario or SCENARIOS) * args.repeat, args.concurrency)
     with open(args.out, "w", encoding="utf-8") as out:
         for row in rows:
             out.write(json.dumps(row) + "\n")

@@ -48,6 +48,9 @@ VERIFY_NO_KIND: Final = "none"
 OMITTED_METRIC: Final = "ng.failure_reports.omitted"
 OMITTED_UNIT: Final = "{report}"
 OMITTED_DESCRIPTION: Final = 'Failure reports this process had to replace with {"omitted": true} (over 4096 bytes)'
+UNEXPORTED_METRIC: Final = "ng.failures.unexported"
+UNEXPORTED_UNIT: Final = "{failure}"
+UNEXPORTED_DESCRIPTION: Final = "ng.failure events recorded here whose span export failed"
 SPAN_EVENTS_METRIC: Final = "ng.failure.span_events"
 """What the collector's count connector calls its count of ``ng.failure`` span events."""
 

@@ -10,9 +10,12 @@ exporters themselves). ``OTEL_SDK_DISABLED=true`` installs nothing.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import signal
 import threading
+import time
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -23,10 +26,12 @@ from opentelemetry.trace import TracerProvider
 from ng_otel._version import __version__
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
+from ng_otel.otel.export import LossCountingSpanExporter
 from ng_otel.otel.recorder import FailureRecorder, install_recorder
 from ng_otel.otel.settings import Settings
 
 _log = logging.getLogger("ng_otel")
+SDK_SELF_METRICS = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
 _lock = threading.Lock()
 _installed: FailureRecorder | None = None
 _owned: list[Any] = []  # providers enable() created, flushed and shut down by shutdown()
@@ -60,10 +65,16 @@ def enable(
             return None
         sdk_disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
         resource = None if sdk_disabled else _resource(service_name)
-        tracer_provider = tracer_provider or _tracer_provider(resource)
+        # Metrics first: the span and log pipelines report what they drop through it, with the
+        # SDK's own self-metrics (on unless the environment says otherwise), so no loss is silent.
+        os.environ.setdefault(SDK_SELF_METRICS, "true")
         meter_provider = meter_provider or _meter_provider(resource)
+        tracer_provider = tracer_provider or _tracer_provider(resource, meter_provider)
         if "logs" in settings.signals:
-            logger_provider = logger_provider or _logger_provider(resource)
+            logger_provider = logger_provider or _logger_provider(resource, meter_provider)
+        if resource is not None:
+            _flush_on_sigterm()
+            _quiet_repeated_sdk_warnings()
         recorder = FailureRecorder(
             tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE, __version__),
             meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, __version__),
@@ -85,28 +96,56 @@ def _exporter_choice(signal: str) -> str:
     return os.environ.get(f"OTEL_{signal}_EXPORTER", "otlp").strip().lower() or "otlp"
 
 
-def _protocol(signal: str) -> str:
-    value = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-    return (value or "http/protobuf").strip().lower()
+_OTLP_EXPORTERS = {
+    ("traces", "grpc"): ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "OTLPSpanExporter"),
+    ("traces", "http/protobuf"): ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "OTLPSpanExporter"),
+    ("metrics", "grpc"): ("opentelemetry.exporter.otlp.proto.grpc.metric_exporter", "OTLPMetricExporter"),
+    ("metrics", "http/protobuf"): ("opentelemetry.exporter.otlp.proto.http.metric_exporter", "OTLPMetricExporter"),
+    ("logs", "grpc"): ("opentelemetry.exporter.otlp.proto.grpc._log_exporter", "OTLPLogExporter"),
+    ("logs", "http/protobuf"): ("opentelemetry.exporter.otlp.proto.http._log_exporter", "OTLPLogExporter"),
+}
+_CONSOLE_EXPORTERS = {
+    "traces": ("opentelemetry.sdk.trace.export", "ConsoleSpanExporter"),
+    "metrics": ("opentelemetry.sdk.metrics.export", "ConsoleMetricExporter"),
+    "logs": ("opentelemetry.sdk._logs.export", "ConsoleLogExporter"),
+}
 
 
-def _tracer_provider(resource: Any) -> TracerProvider:
+def _exporter(signal: str, **options: Any) -> Any:
+    """The exporter ``OTEL_<SIGNAL>_EXPORTER`` and the OTLP protocol variables ask for, or
+    ``None`` for ``none``. OTLP exporters report their failures through ``meter_provider``."""
+    choice = _exporter_choice(signal.upper())
+    if choice == "otlp":
+        protocol = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+        )
+        module, name = _OTLP_EXPORTERS[(signal, "grpc" if protocol.strip().lower() == "grpc" else "http/protobuf")]
+        return getattr(importlib.import_module(module), name)(**options)
+    if choice == "console":
+        module, name = _CONSOLE_EXPORTERS[signal]
+        return getattr(importlib.import_module(module), name)()
+    if choice != "none":
+        _log.warning("ng_otel: OTEL_%s_EXPORTER=%s is not supported here; nothing is exported", signal.upper(), choice)
+    return None
+
+
+def _tracer_provider(resource: Any, meter_provider: MeterProvider) -> TracerProvider:
     current = trace.get_tracer_provider()
     if resource is None or not isinstance(current, trace.ProxyTracerProvider):
         return current
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = SdkTracerProvider(resource=resource)
-    choice = _exporter_choice("TRACES")
-    if choice == "otlp":
-        if _protocol("TRACES") == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    elif choice == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    exporter = _exporter("traces", meter_provider=meter_provider)
+    if exporter is not None:
+        lost = meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, __version__).create_counter(
+            names.UNEXPORTED_METRIC, unit=names.UNEXPORTED_UNIT, description=names.UNEXPORTED_DESCRIPTION
+        )
+        exporter = LossCountingSpanExporter(exporter, lost)
+        # Bounded queue (OTEL_BSP_MAX_QUEUE_SIZE); what it drops is counted in
+        # otel.sdk.processor.span.processed{error.type="queue_full"}.
+        provider.add_span_processor(BatchSpanProcessor(exporter, meter_provider=meter_provider))
     trace.set_tracer_provider(provider)
     _owned.append(provider)
     return provider
@@ -117,22 +156,15 @@ def _meter_provider(resource: Any) -> MeterProvider:
     if resource is None or type(current).__name__ != "_ProxyMeterProvider":
         return current
     from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
-    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricReader, PeriodicExportingMetricReader
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 
     readers: list[MetricReader] = []
-    choice = _exporter_choice("METRICS")
-    if choice == "otlp":
-        if _protocol("METRICS") == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
-                OTLPMetricExporter,
-            )
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-    elif choice == "console":
-        readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
-    elif choice == "prometheus":
+    if _exporter_choice("METRICS") == "prometheus":
         readers.append(_prometheus_reader())
+    else:
+        exporter = _exporter("metrics")
+        if exporter is not None:
+            readers.append(PeriodicExportingMetricReader(exporter))
     provider = SdkMeterProvider(resource=resource, metric_readers=readers)
     metrics.set_meter_provider(provider)
     _owned.append(provider)
@@ -151,26 +183,63 @@ def _prometheus_reader() -> Any:
     return PrometheusMetricReader()
 
 
-def _logger_provider(resource: Any) -> LoggerProvider:
+def _logger_provider(resource: Any, meter_provider: MeterProvider) -> LoggerProvider:
     current = get_logger_provider()
     if resource is None or type(current).__name__ != "ProxyLoggerProvider":
         return current
     from opentelemetry.sdk._logs import LoggerProvider as SdkLoggerProvider
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, ConsoleLogExporter
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
     provider = SdkLoggerProvider(resource=resource)
-    choice = _exporter_choice("LOGS")
-    if choice == "otlp":
-        if _protocol("LOGS") == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter  # type: ignore[assignment]
-        provider.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
-    elif choice == "console":
-        provider.add_log_record_processor(BatchLogRecordProcessor(ConsoleLogExporter()))
+    exporter = _exporter("logs", meter_provider=meter_provider)
+    if exporter is not None:
+        provider.add_log_record_processor(BatchLogRecordProcessor(exporter, meter_provider=meter_provider))
     set_logger_provider(provider)
     _owned.append(provider)
     return provider
+
+
+class RepeatLimit(logging.Filter):
+    """Lets a message through once per ``interval`` seconds per call site: with the collector
+    down, the SDK warns once per dropped span, on the request's own thread. The drops are
+    counted in ``otel.sdk.processor.span.processed{error.type="queue_full"}`` meanwhile."""
+
+    def __init__(self, interval: float = 60.0) -> None:
+        super().__init__()
+        self.interval = interval
+        self._last: dict[tuple[str, int], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.pathname, record.lineno)
+        now = time.monotonic()
+        if now - self._last.get(key, -self.interval) < self.interval:
+            return False
+        self._last[key] = now
+        return True
+
+
+def _quiet_repeated_sdk_warnings() -> None:
+    logger = logging.getLogger("opentelemetry.sdk._shared_internal")
+    if not any(isinstance(existing, RepeatLimit) for existing in logger.filters):
+        logger.addFilter(RepeatLimit())
+
+
+def _flush_on_sigterm() -> None:
+    """SIGTERM's default action ends a process without running ``atexit``, losing what the
+    batch processors still hold. When nobody handles SIGTERM, flush first (bounded by the
+    exporters' timeouts), then end the process as SIGTERM would. Servers that handle SIGTERM
+    themselves (uvicorn) restore this handler and re-raise once they have shut down."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def flush_then_terminate(signum: int, frame: Any) -> None:
+        shutdown()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, flush_then_terminate)
 
 
 @guarded

@@ -1,0 +1,203 @@
+"""The collector in trouble: down, refusing, slow, flapping, restarted, and the process
+ending with events still queued. Replies never change; what is lost is counted."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from examples.gym_stack.stack import ROOT, gym_stack
+from ng_otel._otlp_receiver import OtlpReceiver
+
+pytestmark = pytest.mark.e2e
+SCENARIOS = ["model_timeout", "retry_recovered", "judge_failed", "ok"]
+EXPECTED = {"model_timeout": 500, "retry_recovered": 200, "judge_failed": 500, "ok": 200}
+FAST = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rollouts(agent_url, tmp_path, env, repeat=3):
+    command = [
+        sys.executable,
+        "-m",
+        "examples.gym_stack.collect",
+        "--agent-url",
+        agent_url,
+        "--out",
+        str(tmp_path / "rows.jsonl"),
+        "--repeat",
+        str(repeat),
+        "--concurrency",
+        "4",
+    ]
+    for scenario in SCENARIOS:
+        command += ["--scenario", scenario]
+    done = subprocess.run(
+        command,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+
+
+def assert_replies_unaffected(rows):
+    assert [(r["scenario"], r["status"]) for r in rows] == [(s, EXPECTED[s]) for s in SCENARIOS * 3]
+    assert all(r["report_header"] for r in rows if r["scenario"] != "ok")
+
+
+def self_metrics(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return reply.read().decode()
+
+
+def failed_exports(text):
+    """Failure events whose export failed, as ng.failures.unexported counts them."""
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("ng_failures_unexported_total{")
+    )
+
+
+@pytest.mark.parametrize("fault", ["down", "refusing", "slow"])
+def test_replies_are_unaffected_and_losses_are_counted(fault, tmp_path):
+    receiver = OtlpReceiver().start()
+    endpoint = receiver.http_endpoint
+    if fault == "down":
+        receiver.stop()
+        endpoint = f"http://127.0.0.1:{free_port()}"
+    receiver.refuse = fault == "refusing"
+    receiver.delay = 10.0 if fault == "slow" else 0.0
+    metrics_port = free_port()
+    env = {**FAST, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_METRICS_EXPORTER": "none"}
+    agent_env = {
+        "agent": {
+            "OTEL_METRICS_EXPORTER": "prometheus",
+            "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+            "OTEL_EXPORTER_PROMETHEUS_PORT": str(metrics_port),
+        }
+    }
+    try:
+        with gym_stack(env=env, log_dir=tmp_path, server_env=agent_env) as urls:
+            assert_replies_unaffected(rollouts(urls.agent, tmp_path, {**env, "OTEL_TRACES_EXPORTER": "none"}))
+            if fault != "slow":  # a slow collector still accepts, it only answers late
+                deadline = time.monotonic() + 20
+                while failed_exports(self_metrics(metrics_port)) == 0 and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                assert failed_exports(self_metrics(metrics_port)) > 0, "a loss that no metric shows"
+    finally:
+        if fault != "down":
+            receiver.stop()
+
+
+def test_a_flapping_collector_and_a_restart_mid_run_lose_only_what_they_refused(tmp_path):
+    receiver = OtlpReceiver().start()
+    ports = receiver.grpc_port, receiver.http_port
+    env = {**FAST, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_METRICS_EXPORTER": "none"}
+    stop = threading.Event()
+
+    def flap():
+        while not stop.wait(0.3):
+            receiver.refuse = not receiver.refuse
+
+    flapper = threading.Thread(target=flap, daemon=True)
+    try:
+        with gym_stack(env=env, log_dir=tmp_path) as urls:
+            flapper.start()
+            assert_replies_unaffected(rollouts(urls.agent, tmp_path, {**env, "OTEL_TRACES_EXPORTER": "none"}))
+            stop.set()
+            flapper.join()
+            receiver.stop()  # the collector restarts on the same ports
+            time.sleep(0.5)
+            receiver = OtlpReceiver().start(*ports)
+            rows = rollouts(urls.agent, tmp_path, {**env, "OTEL_TRACES_EXPORTER": "none"})
+            assert_replies_unaffected(rows)
+        after = {eid for row in rows for eid in row.get("_ng_failure_events", {})}
+        assert receiver.wait_for(lambda: after <= {e["ng.failure.id"] for e in receiver.failure_events()}, 20)
+    finally:
+        stop.set()
+        receiver.stop()
+
+
+QUEUED = textwrap.dedent(
+    """
+    import sys, time, ng_otel
+    from opentelemetry import trace
+    ng_otel.enable("queued")
+    tracer = trace.get_tracer("t")
+    for i in range(20):
+        with tracer.start_as_current_span(f"request {i}"):
+            ng_otel.record_failure(ng_otel.NgFailureEvent("shutdown", f"draining {i}", boundary="agent"))
+    print("ready", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_sigterm_with_events_still_queued_flushes_them_first(otlp):
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+        "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+    }
+    process = subprocess.Popen([sys.executable, "-c", QUEUED], env=env, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    assert otlp.failure_events() == []  # still queued: the batch delay is ten minutes
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == -signal.SIGTERM  # it still ends as SIGTERM says
+    assert len(otlp.failure_events()) == 20
+    assert sum(p["value"] for p in otlp.metric_points("ng.failures")) == 20
+
+
+MEMORY = textwrap.dedent(
+    """
+    import resource, ng_otel
+    from opentelemetry import trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    reader = InMemoryMetricReader()
+    ng_otel.enable("memory", meter_provider=MeterProvider(metric_readers=[reader]))
+    tracer = trace.get_tracer("t")
+    def burst(count):
+        for i in range(count):
+            with tracer.start_as_current_span("request"):
+                ng_otel.record_failure(ng_otel.NgFailureEvent("shutdown", "x" * 1500, boundary="agent"))
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    early = burst(5_000)
+    late = burst(25_000)
+    dropped = sum(p.value for m in reader.get_metrics_data().resource_metrics[0].scope_metrics for metric in m.metrics
+                  if metric.name == "otel.sdk.processor.span.processed" for p in metric.data.data_points
+                  if p.attributes.get("error.type") == "queue_full")
+    print(early, late, int(dropped))
+    """
+)
+
+
+def test_a_dead_collector_keeps_memory_bounded_and_counts_what_the_queue_dropped():
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+        "OTEL_BSP_MAX_QUEUE_SIZE": "512",
+    }
+    done = subprocess.run([sys.executable, "-c", MEMORY], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    early, late, dropped = map(int, done.stdout.split())
+    assert late - early < 40, f"peak RSS grew from {early} MiB to {late} MiB"
+    assert dropped > 20_000  # 30,000 spans into a 512-span queue that never drains: counted, not silent
