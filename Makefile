@@ -1,10 +1,10 @@
-# The two commands of the README: `make demo` and `make test`. Each sets up .venv first.
+# The README's two commands: `make demo` and `make test`. Each sets up .venv first.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit bench clean
+.PHONY: demo test lint pythons bench api clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,15 +16,21 @@ demo: $(STAMP)
 	$(BIN)/ng-otel demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check ng_otel tests bench examples
-	$(BIN)/ruff format --check ng_otel tests bench examples
+	$(BIN)/ruff check ng_otel tests bench examples tools
+	$(BIN)/ruff format --check ng_otel tests bench examples tools
 	$(BIN)/mypy
 
+# Lint and types, the whole suite on the default Python, then the unit suite on every other
+# supported Python the machine has (3.10, 3.12, 3.13).
 test: lint
 	$(BIN)/pytest -q
+	tools/unit-on-pythons.sh
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
+api: $(STAMP)
+	$(BIN)/python tools/gen_api.py
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) .venv-3.* build dist *.egg-info ng-otel-demo

@@ -95,6 +95,7 @@ class CapturedTelemetry:
         )
 
     def spans(self) -> list[dict[str, Any]]:
+        """Every finished span as a dict (``span_to_dict``), in the order they ended."""
         return [span_to_dict(span) for span in self.span_exporter.get_finished_spans()]
 
     def failure_events(self) -> list[dict[str, Any]]:
@@ -130,6 +131,7 @@ class CapturedTelemetry:
         )
 
     def log_records(self) -> list[dict[str, Any]]:
+        """Logs mode's records: event name, attributes and the span context they carry."""
         return [
             {
                 "event_name": item.log_record.event_name,
@@ -157,7 +159,28 @@ class CapturedTelemetry:
             current = events[current].get(names.CAUSE_ID)
         return kinds
 
+    def assert_chain(self, *kinds: str) -> list[dict[str, Any]]:
+        """Assert that a chain with exactly these kinds, effect first, was recorded; that each
+        of its events was exported once; and that each cause on another span is linked.
+        Returns the chain's events."""
+        events = self.failure_events()
+        by_id = {event[names.ID]: event for event in events}
+        for top in events:
+            chain: list[dict[str, Any]] = []
+            current: dict[str, Any] | None = top
+            while current is not None and len(chain) <= len(kinds):
+                chain.append(current)
+                cause = current.get(names.CAUSE_ID)
+                current = by_id.get(cause) if cause is not None else None
+            if [event[names.KIND] for event in chain] == list(kinds) and current is None:
+                self.assert_exported_once()
+                self.assert_linked()
+                return chain
+        found = [self.chain(event[names.ID]) for event in events]
+        raise AssertionError(f"no failure chain {list(kinds)}; recorded chains: {found}")
+
     def assert_exported_once(self) -> None:
+        """No ``ng.failure`` event id was exported twice."""
         ids = [event[names.ID] for event in self.failure_events()]
         duplicates = sorted({event_id for event_id in ids if ids.count(event_id) > 1})
         assert not duplicates, f"failure events exported more than once: {duplicates}"

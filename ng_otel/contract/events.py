@@ -123,6 +123,7 @@ class ForeignError:
         return cls(type=name[:MAX_TYPE_CHARS], message=message, http_status=status)
 
     def to_record(self) -> dict[str, Any]:
+        """``{"type", "message", "http_status"?}`` as a record's ``foreign_error``."""
         record: dict[str, Any] = {"type": self.type, "message": self.message}
         if self.http_status is not None:
             record["http_status"] = self.http_status
@@ -130,6 +131,7 @@ class ForeignError:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ForeignError:
+        """The inverse of ``to_record`` (validated like the constructor)."""
         return cls(record["type"], record["message"], record.get("http_status"))
 
 
@@ -210,11 +212,13 @@ class NgFailureEvent(Exception):
 
     @property
     def cause_id(self) -> str | None:
+        """The event id of the explicit cause (or the one a decoded record named)."""
         cause = self.cause
         return cause.event_id if cause is not None else self._recorded_cause_id
 
     @property
     def foreign_error(self) -> ForeignError | None:
+        """The given one, or facts from the nearest foreign exception below this event."""
         if self._foreign_error is not None:
             return self._foreign_error
         foreign = _explicit_gym_cause(self)[1]

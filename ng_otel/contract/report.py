@@ -111,6 +111,7 @@ class FailureReport:
     # -- dict and header forms ---------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (``from_dict`` reverses it)."""
         data: dict[str, Any] = {}
         if self.failure_id is not None:
             data["failure_id"] = self.failure_id
@@ -174,12 +175,6 @@ class FailureReport:
         for event_id, record in other.events.items():
             events.setdefault(event_id, record)
         return FailureReport._trusted(events, self.failure_id, self.omitted or other.omitted)
-
-    def with_failure(self, failure_id: str | None) -> FailureReport:
-        """The same events with ``failure_id`` naming the reply's own failure."""
-        if failure_id is not None and failure_id not in self.events:
-            raise ValueError(f"failure_id: {failure_id} is not in the report")
-        return FailureReport._trusted(dict(self.events), failure_id, self.omitted)
 
     def chain(self, event_id: str | None = None) -> list[Mapping[str, Any]]:
         """Records from ``event_id`` (default: ``failure_id``) down its causes, effect first."""

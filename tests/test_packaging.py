@@ -1,0 +1,74 @@
+"""The wheel and sdist build, carry what they should, and install and import in a clean
+environment; the version lives in one place."""
+
+import re
+import subprocess
+import sys
+import tarfile
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import ng_otel
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return out
+
+
+def test_the_version_lives_in_one_place(dist):
+    (wheel,) = dist.glob("*.whl")
+    assert f"ng_otel-{ng_otel.__version__}-" in wheel.name
+    assert re.search(rf"^## \[{re.escape(ng_otel.__version__)}\]", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and not re.search(r"^version\s*=\s*\"", pyproject, re.M)
+
+
+def test_wheel_and_sdist_carry_the_package_typed_and_nothing_else(dist):
+    (wheel,) = dist.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "ng_otel/py.typed" in names and "ng_otel/contract/report.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "examples/", "bench/"))]
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "ng-otel = ng_otel.cli:main" in entry_points and "[pytest11]" in entry_points
+    assert "[opentelemetry_instrumentor]" in entry_points
+    (sdist,) = dist.glob("*.tar.gz")
+    members = tarfile.open(sdist).getnames()
+    assert any(m.endswith("ng_otel/py.typed") for m in members)
+
+
+def test_the_wheel_installs_and_imports_in_a_clean_environment(dist, tmp_path):
+    (wheel,) = dist.glob("*.whl")
+    env_dir = tmp_path / "clean"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", f"{wheel}[cli]"], capture_output=True, text=True, timeout=600
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    check = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import ng_otel, ng_otel.contract, ng_otel.integrations.collection;"
+            "print(ng_otel.__version__, len(ng_otel.FAILURE_KINDS))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert check.stdout.split() == [ng_otel.__version__, "24"], check.stderr
+    kinds = subprocess.run([str(env_dir / "bin" / "ng-otel"), "kinds"], capture_output=True, text=True, timeout=120)
+    assert kinds.returncode == 0 and "24 shared failure kinds" in kinds.stdout
