@@ -22,6 +22,7 @@ from opentelemetry import trace
 
 from ng_otel.integrations._exchange import failure_reply, reply_headers
 from ng_otel.integrations.environment import record_verify_outcome
+from ng_otel.contract.events import NgFailureEvent
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import FailureLog, close_failure_log, open_failure_log
@@ -181,12 +182,28 @@ def _wrap_exception_handlers(app: Any) -> None:
     for _ in range(_MAX_APP_DEPTH):
         handlers = getattr(node, "_exception_handlers", None)
         if isinstance(handlers, dict):
+            handlers.setdefault(NgFailureEvent, _answer_failure)
             for key, handler in list(handlers.items()):
                 if not getattr(handler, "_ng_otel_wrapped", False):
                     handlers[key] = _recording(handler)
         node = getattr(node, "app", None)
         if node is None:
             return
+
+
+async def _answer_failure(request: Any, error: Exception) -> Any:
+    # Answered where the app's own handlers run, like any handled exception.
+    from starlette.responses import Response
+
+    answer = failure_reply(error)
+    if answer is None:
+        raise error
+    status, body, report = answer
+    record_failure(report)
+    return Response(body, status_code=status, media_type="application/json")
+
+
+_answer_failure._ng_otel_wrapped = True  # type: ignore[attr-defined]
 
 
 def _recording(handler: Callable[..., Any]) -> Callable[..., Any]:
