@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ def run_demo(out: Path, console: Console) -> int:
         )
         return 2
     sys.path.insert(0, str(ROOT))
-    from examples.gym_stack.stack import gym_stack
+    from examples.gym_stack.stack import gym_stack, run_collection
     from ng_otel._otlp_receiver import OtlpReceiver
     from ng_otel._show import groups_from_rows, read_lines, show
 
@@ -47,25 +47,10 @@ def run_demo(out: Path, console: Console) -> int:
         with console.status("starting the model, resources and agent servers ...") as status:
             with gym_stack(env=env, log_dir=out) as urls:
                 status.update(f"running the rollout scenarios through {urls.agent} ...")
-                command = [
-                    sys.executable,
-                    "-m",
-                    "examples.gym_stack.collect",
-                    "--agent-url",
-                    urls.agent,
-                    "--out",
-                    str(rows_path),
-                ]
-                done = subprocess.run(
-                    command,
-                    env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-                    cwd=ROOT,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-                if done.returncode != 0:
-                    console.print(f"[red]rollout collection failed:[/red]\n{done.stderr[-2000:]}")
+                try:
+                    run_collection(urls.agent, rows_path, env, timeout=120)
+                except RuntimeError as error:
+                    console.print(f"[red]{escape(str(error))}[/red]")
                     return 1
                 status.update("stopping the servers (they flush their telemetry on the way out) ...")
             if receiver is not None:

@@ -14,7 +14,7 @@ import json
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -26,6 +26,11 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+_LAYOUT = {
+    "traces": ("resource_spans", "scope_spans", "spans"),
+    "metrics": ("resource_metrics", "scope_metrics", "metrics"),
+    "logs": ("resource_logs", "scope_logs", "log_records"),
+}
 _HEX_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
 
 
@@ -184,38 +189,40 @@ class OtlpReceiver:
 
     # -- what arrived ------------------------------------------------------------------
 
-    def spans(self) -> list[dict[str, Any]]:
-        found = []
+    def _items(self, signal: str) -> Iterator[tuple[Any, Any]]:
+        """(service name, item) for every span, metric or log record of ``signal`` received."""
         with self._lock:
-            requests = list(self.traces)
+            requests = list(getattr(self, signal))
+        resource_key, scope_key, item_key = _LAYOUT[signal]
         for request in requests:
-            for resource_spans in request.resource_spans:
-                service = attributes(resource_spans.resource.attributes).get("service.name")
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        found.append(
-                            {
-                                "service": service,
-                                "name": span.name,
-                                "trace_id": span.trace_id.hex(),
-                                "span_id": span.span_id.hex(),
-                                "parent_span_id": span.parent_span_id.hex() or None,
-                                "status": span.status.code,
-                                "attributes": attributes(span.attributes),
-                                "events": [
-                                    {"name": e.name, "attributes": attributes(e.attributes)} for e in span.events
-                                ],
-                                "links": [
-                                    {
-                                        "trace_id": link.trace_id.hex(),
-                                        "span_id": link.span_id.hex(),
-                                        "attributes": attributes(link.attributes),
-                                    }
-                                    for link in span.links
-                                ],
-                            }
-                        )
-        return found
+            for resource in getattr(request, resource_key):
+                service = attributes(resource.resource.attributes).get("service.name")
+                for scope in getattr(resource, scope_key):
+                    for item in getattr(scope, item_key):
+                        yield service, item
+
+    def spans(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "service": service,
+                "name": span.name,
+                "trace_id": span.trace_id.hex(),
+                "span_id": span.span_id.hex(),
+                "parent_span_id": span.parent_span_id.hex() or None,
+                "status": span.status.code,
+                "attributes": attributes(span.attributes),
+                "events": [{"name": e.name, "attributes": attributes(e.attributes)} for e in span.events],
+                "links": [
+                    {
+                        "trace_id": link.trace_id.hex(),
+                        "span_id": link.span_id.hex(),
+                        "attributes": attributes(link.attributes),
+                    }
+                    for link in span.links
+                ],
+            }
+            for service, span in self._items("traces")
+        ]
 
     def failure_events(self, event_name: str = "ng.failure") -> list[dict[str, Any]]:
         """Each failure event with the span it arrived on."""
@@ -229,44 +236,31 @@ class OtlpReceiver:
     def metric_points(self, name: str) -> list[dict[str, Any]]:
         """The latest cumulative value of each (service, attributes) series of ``name``."""
         latest: dict[tuple[Any, ...], dict[str, Any]] = {}
-        with self._lock:
-            requests = list(self.metrics)
-        for request in requests:
-            for resource_metrics in request.resource_metrics:
-                service = attributes(resource_metrics.resource.attributes).get("service.name")
-                for scope_metrics in resource_metrics.scope_metrics:
-                    for metric in scope_metrics.metrics:
-                        if metric.name != name:
-                            continue
-                        for point in metric.sum.data_points:
-                            labels = attributes(point.attributes)
-                            key = (service, tuple(sorted((k, str(v)) for k, v in labels.items())))
-                            value = point.as_int if point.HasField("as_int") else point.as_double
-                            latest[key] = {
-                                "service": service,
-                                "attributes": labels,
-                                "value": value,
-                                "exemplars": len(point.exemplars),
-                            }
+        for service, metric in self._items("metrics"):
+            if metric.name != name:
+                continue
+            for point in metric.sum.data_points:
+                labels = attributes(point.attributes)
+                key = (service, tuple(sorted((k, str(v)) for k, v in labels.items())))
+                value = point.as_int if point.HasField("as_int") else point.as_double
+                latest[key] = {
+                    "service": service,
+                    "attributes": labels,
+                    "value": value,
+                    "exemplars": len(point.exemplars),
+                }
         return list(latest.values())
 
     def log_records(self) -> list[dict[str, Any]]:
-        found = []
-        with self._lock:
-            requests = list(self.logs)
-        for request in requests:
-            for resource_logs in request.resource_logs:
-                for scope_logs in resource_logs.scope_logs:
-                    for record in scope_logs.log_records:
-                        found.append(
-                            {
-                                "event_name": record.event_name,
-                                "attributes": attributes(record.attributes),
-                                "trace_id": record.trace_id.hex(),
-                                "span_id": record.span_id.hex(),
-                            }
-                        )
-        return found
+        return [
+            {
+                "event_name": record.event_name,
+                "attributes": attributes(record.attributes),
+                "trace_id": record.trace_id.hex(),
+                "span_id": record.span_id.hex(),
+            }
+            for _, record in self._items("logs")
+        ]
 
     def write_jsonl(self, path: Any) -> int:
         """Every request received so far as OTLP JSON, one per line; returns the line count."""

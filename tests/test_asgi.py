@@ -185,7 +185,7 @@ def test_event_stream_gets_the_report_as_a_final_event():
 
 def test_a_stream_broken_by_a_failure_still_ends_with_its_report():
     sent = []
-    with capture_failures(), pytest.raises(Exception) as raised:  # noqa: PT011
+    with capture_failures(), pytest.raises(Exception) as raised:
         asyncio.run(call(instrument_app(make_app()), "/stream-breaks", sent=sent))
     # The server still learns of the failure (Starlette wraps it once a response has started).
     assert find_boundary_failure(raised.value).failure_kind == "transport_timeout"

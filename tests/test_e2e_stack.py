@@ -3,16 +3,13 @@ HTTP on 127.0.0.1 and exporting over real OTLP (gRPC from the servers, HTTP from
 to the test receiver. Everything asserted here is what arrived over the wire."""
 
 import json
-import os
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from examples.gym_stack.stack import ROOT, gym_stack
+from examples.gym_stack.stack import gym_stack, run_collection
 from ng_otel._otlp_receiver import OtlpReceiver
 from ng_otel.contract import FailureReport
 from ng_otel.integrations.collection import row_report
@@ -23,17 +20,7 @@ FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": 
 
 
 def collect(agent_url, out: Path, env):
-    command = [sys.executable, "-m", "examples.gym_stack.collect", "--agent-url", agent_url, "--out", str(out)]
-    done = subprocess.run(
-        command,
-        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return {row["scenario"]: row for row in map(json.loads, out.read_text().splitlines())}
+    return {row["scenario"]: row for row in run_collection(agent_url, out, env)}
 
 
 @pytest.fixture(scope="module")

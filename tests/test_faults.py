@@ -1,7 +1,6 @@
 """The collector in trouble: down, refusing, slow, flapping, restarted, and the process
 ending with events still queued. Replies never change; what is lost is counted."""
 
-import json
 import os
 import signal
 import socket
@@ -14,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from examples.gym_stack.stack import ROOT, gym_stack
+from examples.gym_stack.stack import gym_stack, run_collection
 from ng_otel._otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.e2e
@@ -30,31 +29,7 @@ def free_port():
 
 
 def rollouts(agent_url, tmp_path, env, repeat=3):
-    command = [
-        sys.executable,
-        "-m",
-        "examples.gym_stack.collect",
-        "--agent-url",
-        agent_url,
-        "--out",
-        str(tmp_path / "rows.jsonl"),
-        "--repeat",
-        str(repeat),
-        "--concurrency",
-        "4",
-    ]
-    for scenario in SCENARIOS:
-        command += ["--scenario", scenario]
-    done = subprocess.run(
-        command,
-        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    return run_collection(agent_url, tmp_path / "rows.jsonl", env, scenarios=SCENARIOS, repeat=repeat, concurrency=4)
 
 
 def assert_replies_unaffected(rows):

@@ -3,15 +3,13 @@ endpoint, e.g. http://127.0.0.1:16686; Jaeger cannot be installed on the CI mach
 
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from examples.gym_stack.stack import ROOT, gym_stack
+from examples.gym_stack.stack import gym_stack, run_collection
 from ng_otel.integrations.collection import row_report
 
 JAEGER = os.environ.get("NG_OTEL_TEST_JAEGER_URL")
@@ -33,19 +31,7 @@ def test_the_model_timeout_chain_is_one_trace_with_caused_by_references(tmp_path
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
     with gym_stack(env=env, log_dir=tmp_path) as urls:
-        command = [
-            sys.executable,
-            "-m",
-            "examples.gym_stack.collect",
-            "--agent-url",
-            urls.agent,
-            "--out",
-            str(tmp_path / "rows.jsonl"),
-            "--scenario",
-            "model_timeout",
-        ]
-        subprocess.run(command, env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, check=True, timeout=120)
-    row = json.loads((tmp_path / "rows.jsonl").read_text())
+        (row,) = run_collection(urls.agent, tmp_path / "rows.jsonl", env, scenarios=["model_timeout"])
     wanted = set(row_report(row).events)
     deadline = time.monotonic() + 30
     while True:

@@ -2,16 +2,12 @@
 rate: every injected failure arrives over OTLP exactly once, every cause link resolves,
 ng.failures counts exactly what was injected, and no failing reply lacks its report."""
 
-import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 
 import pytest
 
-from examples.gym_stack.stack import ROOT, gym_stack
+from examples.gym_stack.stack import gym_stack, run_collection
 from ng_otel._otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.e2e
@@ -36,31 +32,15 @@ def test_a_thousand_concurrent_rollouts_lose_nothing_and_duplicate_nothing(tmp_p
     try:
         started = time.monotonic()
         with gym_stack(env=env, log_dir=tmp_path) as urls:
-            command = [
-                sys.executable,
-                "-m",
-                "examples.gym_stack.collect",
-                "--agent-url",
+            rows = run_collection(
                 urls.agent,
-                "--out",
-                str(tmp_path / "rows.jsonl"),
-                "--concurrency",
-                str(CONCURRENCY),
-            ]
-            for scenario in PATTERN:
-                command += ["--scenario", scenario]
-            command += ["--repeat", str(ROLLOUTS // len(PATTERN))]
-            done = subprocess.run(
-                command,
-                env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=300,
+                tmp_path / "rows.jsonl",
+                env,
+                scenarios=PATTERN,
+                repeat=ROLLOUTS // len(PATTERN),
+                concurrency=CONCURRENCY,
             )
-            assert done.returncode == 0, done.stderr[-3000:]
         elapsed = time.monotonic() - started
-        rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
         assert len(rows) == ROLLOUTS
         assert Counter((r["scenario"], r["status"]) for r in rows) == Counter((s, STATUS[s]) for s in scenarios)
         assert all(r["report_header"] for r in rows if EVENTS[r["scenario"]])

@@ -6,7 +6,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from examples.gym_stack.stack import ROOT, gym_stack
+from examples.gym_stack.stack import ROOT, gym_stack, run_collection
 from ng_otel.otel import names
 
 pytestmark = pytest.mark.e2e
@@ -131,28 +130,7 @@ def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path
             )
 
             def rollouts(count):
-                command = [
-                    sys.executable,
-                    "-m",
-                    "examples.gym_stack.collect",
-                    "--agent-url",
-                    urls.agent,
-                    "--out",
-                    str(tmp_path / "rows.jsonl"),
-                    "--scenario",
-                    "model_timeout",
-                    "--repeat",
-                    str(count),
-                ]
-                done = subprocess.run(
-                    command,
-                    env={**os.environ, **quiet, "PYTHONPATH": str(ROOT)},
-                    cwd=ROOT,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-                assert done.returncode == 0, done.stderr
+                run_collection(urls.agent, tmp_path / "rows.jsonl", quiet, scenarios=["model_timeout"], repeat=count)
 
             def counted(kind):
                 result = api(base, "/api/v1/query", query=f'sum(ng_failures_total{{ng_failure_kind="{kind}"}})')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -9,10 +10,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,3 +87,43 @@ def gym_stack(
                 process.wait()
         for sock in sockets.values():
             sock.close()
+
+
+def run_collection(
+    agent_url: str,
+    out: Path,
+    env: Mapping[str, str] | None = None,
+    *,
+    scenarios: Sequence[str] = (),
+    repeat: int = 1,
+    concurrency: int = 1,
+    timeout: float = 300,
+) -> list[dict[str, Any]]:
+    """Run rollout collection (``collect.py``) in its own process, as Gym runs it, and return
+    the rows it saved to ``out``. Raises ``RuntimeError`` with its stderr if it fails."""
+    command = [
+        sys.executable,
+        "-m",
+        "examples.gym_stack.collect",
+        "--agent-url",
+        agent_url,
+        "--out",
+        str(out),
+        "--repeat",
+        str(repeat),
+        "--concurrency",
+        str(concurrency),
+    ]
+    for scenario in scenarios:
+        command += ["--scenario", scenario]
+    done = subprocess.run(
+        command,
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"rollout collection failed:\n{done.stderr[-3000:]}")
+    return [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
