@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ng_otel.otel import names
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
 
@@ -56,7 +58,7 @@ def run_demo(out: Path, console: Console) -> int:
             if receiver is not None:
                 status.update("waiting for the last telemetry ...")
                 expected = _event_ids(rows_path)
-                receiver.wait_for(lambda: expected <= {e["ng.failure.id"] for e in receiver.failure_events()}, 15)
+                receiver.wait_for(lambda: expected <= {e[names.ID] for e in receiver.failure_events()}, 15)
                 lines = receiver.write_jsonl(telemetry_path)
     finally:
         if receiver is not None:

@@ -26,6 +26,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from ng_otel.otel import names
+
 _LAYOUT = {
     "traces": ("resource_spans", "scope_spans", "spans"),
     "metrics": ("resource_metrics", "scope_metrics", "metrics"),
@@ -224,7 +226,7 @@ class OtlpReceiver:
             for service, span in self._items("traces")
         ]
 
-    def failure_events(self, event_name: str = "ng.failure") -> list[dict[str, Any]]:
+    def failure_events(self, event_name: str = names.EVENT) -> list[dict[str, Any]]:
         """Each failure event with the span it arrived on."""
         return [
             {**event["attributes"], "_span": span}

@@ -121,7 +121,12 @@ class FailureRecorder:
         for record in causes_first(report.events):
             event_id = record["event_id"]
             chosen = spans.get(event_id) if spans else None
-            where = on if chosen is None else targets.setdefault(id(chosen), _Target(chosen, event_attributes))
+            if chosen is None:
+                where = on
+            elif id(chosen) in targets:
+                where = targets[id(chosen)]
+            else:
+                where = targets[id(chosen)] = _Target(chosen, event_attributes)
             recorded += self.record_event(record, where, recovered=event_id in recovered_ids, own=event_id == own_id)
         return recorded
 

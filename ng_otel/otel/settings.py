@@ -71,7 +71,12 @@ def _parse_int(name: str, raw: str) -> int:
 
 
 def _parse_signals(raw: object) -> frozenset[str]:
-    items = {part.strip() for part in raw.split(",") if part.strip()} if isinstance(raw, str) else set(raw)  # type: ignore[call-overload]
+    if isinstance(raw, str):
+        items = {part.strip() for part in raw.split(",") if part.strip()}
+    elif isinstance(raw, (set, frozenset, list, tuple)):
+        items = {str(part) for part in raw}
+    else:
+        raise ValueError("NG_OTEL_SIGNALS: expected a comma-separated string")
     if not items or not items <= SIGNALS:
         raise ValueError(f"NG_OTEL_SIGNALS: expected spans, logs or spans,logs, got {sorted(items)!r}"[:120])
     return frozenset(items)
