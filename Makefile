@@ -21,10 +21,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # Lint and types, the whole suite on the default Python, then the unit suite on every other
-# supported Python the machine has (3.10, 3.12, 3.13).
+# supported Python the machine has (3.10, 3.12, 3.13) and against the lowest dependency
+# versions pyproject.toml admits.
 test: lint
 	$(BIN)/pytest -q
 	tools/unit-on-pythons.sh
+	tools/lowest-deps.sh
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
@@ -33,4 +35,4 @@ api: $(STAMP)
 	$(BIN)/python tools/gen_api.py
 
 clean:
-	rm -rf $(VENV) .venv-3.* build dist *.egg-info ng-otel-demo
+	rm -rf $(VENV) .venv-3.* .venv-lowest build dist *.egg-info ng-otel-demo
