@@ -228,3 +228,10 @@ def test_disabled_middleware_is_a_passthrough(monkeypatch):
         monkeypatch.setattr(recorder_module, "_enabled", False)
         status, headers, _ = asyncio.run(call(instrument_app(make_app()), "/recovered"))
     assert status == 200 and "x-ng-failure-report" not in headers and telemetry.count() == 0
+
+
+def test_switched_off_the_apps_own_error_handling_is_untouched(monkeypatch):
+    with capture_failures():
+        monkeypatch.setattr(recorder_module, "_enabled", False)
+        with pytest.raises(NgFailureEvent):  # no JSON reply invented: the exception is the app's
+            asyncio.run(call(instrument_app(make_app()), "/raise"))

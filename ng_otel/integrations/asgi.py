@@ -35,8 +35,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _MAX_APP_DEPTH = 32  # how far down the middleware chain to look for exception handlers
-
-
 MAX_VERIFY_BODY = 1 << 20  # a verify reply larger than this is passed on unread
 
 
@@ -47,7 +45,8 @@ class FailureReportMiddleware:
     def __init__(self, app: ASGIApp, *, verify_paths: Collection[str] = ("/verify",)) -> None:
         self.app = app
         self.verify_paths = frozenset(verify_paths)
-        _wrap_exception_handlers(app)
+        if is_enabled():  # switched off, the app's error handling stays exactly its own
+            _wrap_exception_handlers(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not is_enabled():
@@ -195,7 +194,7 @@ async def _answer_failure(request: Any, error: Exception) -> Any:
     # Answered where the app's own handlers run, like any handled exception.
     from starlette.responses import Response
 
-    answer = failure_reply(error)
+    answer = failure_reply(error) if is_enabled() else None
     if answer is None:
         raise error
     status, body, report = answer
