@@ -7,6 +7,7 @@ from ng_otel import NgFailureEvent
 from ng_otel.contract import EpisodeFailure, FailureReport
 from ng_otel.integrations import instrument_app
 from ng_otel.integrations.environment import episode_response, handled_episode_failure, record_verify_outcome
+from ng_otel.otel import names
 from ng_otel.otel.failure_log import close_failure_log, open_failure_log
 from ng_otel.testing import capture_failures
 from tests.test_asgi import call
@@ -89,6 +90,7 @@ def test_every_verify_response_counts_once_and_a_named_kind_becomes_an_event(res
     assert outcome is not None and outcome.mask_sample is masked
     points = telemetry.metric_points("ng.verify.outcomes")
     assert points == [{"attributes": {"ng.verify.masked": masked, "ng.failure.kind": kind}, "value": 1}]
+    assert set(points[0]["attributes"]) == names.VERIFY_LABELS
     events = telemetry.failure_events()
     assert len(events) == int(event)
     if event:

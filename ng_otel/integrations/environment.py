@@ -69,11 +69,6 @@ def handled_episode_failure(
     return event
 
 
-def handled_failures() -> tuple[HandledFailure, ...]:
-    """The failures handled so far in this request (or task)."""
-    return _handled.get()
-
-
 def episode_response(result: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The environment's response after cleanup: ``result`` plus, when a failure was handled,
     the v1 ``episode_failure`` (exactly its four fields, the kind its own, never a cause's),
