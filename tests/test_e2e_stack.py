@@ -50,7 +50,7 @@ def run(tmp_path_factory):
     reports = {scenario: row_report(row) for scenario, row in rows.items()}
     expected = {eid for report in reports.values() if report for eid in report.events}
     # Servers flush on shutdown; wait until every event any reply reported has arrived.
-    assert receiver.wait_for(lambda: expected <= {e["ng.failure.id"] for e in receiver.failure_events()})
+    assert receiver.wait_for(lambda: expected <= {e["ng.failure.id"] for e in receiver.failure_events()}, 30)
     yield SimpleNamespace(rows=rows, reports=reports, receiver=receiver, direct=direct)
     receiver.stop()
 

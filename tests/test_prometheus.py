@@ -152,7 +152,8 @@ def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path
 
             assert wait(surge_firing), (tmp_path / "prometheus.log").read_text()[-2000:]
             assert wait(lambda: counted("transport_timeout") == 30)
-            assert counted("agent_run_error") == 60  # harness and agent, once each per rollout
+            # Each server is scraped on its own schedule: wait for the agent's count too.
+            assert wait(lambda: counted("agent_run_error") == 60)  # harness and agent, once each per rollout
             series = api(base, "/api/v1/series", **{"match[]": "ng_failures_total"})
             labels = {label for item in series for label in item} - {"__name__", "job", "instance"}
             bounded = {name.replace(".", "_") for name in names.METRIC_LABELS}
