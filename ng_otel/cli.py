@@ -149,10 +149,10 @@ def show_kinds(console: Console, check: Path | None) -> int:
     if not unregistered:
         console.print(f"every failure_kind in {check} is registered or namespaced")
         return EXIT_OK
+    from ng_otel._show import printable
+
     table = Table("failure_kind", "count", "first line", title="unregistered failure kinds")
     for kind, count in unregistered.most_common():
-        from ng_otel._show import printable
-
         table.add_row(printable(kind, 80), str(count), str(first_line[kind]))
     console.print(table)
     return EXIT_FAILED

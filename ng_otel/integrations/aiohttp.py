@@ -49,7 +49,7 @@ def failure_trace_config(boundary: str = "harness") -> TraceConfig:
 
 def reply_report(response: ClientResponse, *, boundary: str = "harness") -> FailureReport | None:
     """The report a reply carried (decoded once per response), or ``None``."""
-    return _observe(response, boundary) if is_enabled() else None
+    return _observe(response, boundary)
 
 
 def _observe(response: ClientResponse, boundary: str) -> FailureReport | None:

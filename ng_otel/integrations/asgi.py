@@ -89,8 +89,9 @@ class _Reply:
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            self._stream = _is_event_stream(message.get("headers", ()))
-            if self._verify and not self._stream and _is_json(message.get("headers", ())):
+            content_type = _content_type(message.get("headers", ()))
+            self._stream = content_type.startswith(b"text/event-stream")
+            if self._verify and content_type.startswith(b"application/json"):
                 self._held = message
                 return
             await self._start(message)
@@ -152,14 +153,6 @@ def _content_type(headers: Any) -> bytes:
         if name.lower() == b"content-type":
             return bytes(value).lower()
     return b""
-
-
-def _is_event_stream(headers: Any) -> bool:
-    return _content_type(headers).startswith(b"text/event-stream")
-
-
-def _is_json(headers: Any) -> bool:
-    return _content_type(headers).startswith(b"application/json")
 
 
 def _json(body: bytes) -> Any:

@@ -89,7 +89,7 @@ def episode_response(result: Mapping[str, Any] | None = None) -> dict[str, Any]:
     )
     response["episode_failure"] = envelope.model_dump(mode="json")
     log = current_failure_log()
-    report = log.report if log is not None and log else _report_of(handled)
+    report = log.report if log else _report_of(handled, decisive)
     response["failure_report"] = report.to_dict()
     evidence = [item.partial for item in handled if item.partial is not None]
     if evidence:
@@ -97,12 +97,11 @@ def episode_response(result: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return response
 
 
-def _report_of(handled: tuple[HandledFailure, ...]) -> FailureReport:
-    report = FailureReport()
+def _report_of(handled: tuple[HandledFailure, ...], decisive: HandledFailure) -> FailureReport:
+    # Without a request's failure log (no middleware): the same report the log would hold.
+    report = (failure_report_for(decisive.event) if decisive.terminal else None) or FailureReport()
     for item in handled:
-        own = failure_report_for(item.event)
-        if own is not None:
-            report = report.merge(own) if report.failure_id or not item.terminal else own.merge(report)
+        report = report.merge(failure_report_for(item.event) or FailureReport())
     return report
 
 

@@ -9,7 +9,6 @@ sees every export's result, so a lost ``ng.failure`` event is never silent:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from opentelemetry.metrics import Counter
 from opentelemetry.sdk.trace import ReadableSpan
@@ -41,6 +40,3 @@ class LossCountingSpanExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self._inner.force_flush(timeout_millis)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
