@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import logging
 
 import pytest
 from fastapi import FastAPI, Request
@@ -235,3 +236,19 @@ def test_switched_off_the_apps_own_error_handling_is_untouched(monkeypatch):
         monkeypatch.setattr(recorder_module, "_enabled", False)
         with pytest.raises(NgFailureEvent):  # no JSON reply invented: the exception is the app's
             asyncio.run(call(instrument_app(make_app()), "/raise"))
+
+
+@pytest.mark.parametrize("path", ["/raise", "/recovered", "/stream"])
+def test_an_internal_error_while_building_the_headers_never_reaches_the_reply(path, monkeypatch, caplog):
+    def broken(contexts):
+        raise RuntimeError("bug in ng_otel")
+
+    monkeypatch.setattr("ng_otel.integrations._exchange.encode_context_header", broken)
+    monkeypatch.setattr("ng_otel.otel._guard._reported", set())  # each case sees its one warning
+    with capture_failures() as telemetry, caplog.at_level(logging.WARNING, logger="ng_otel"):
+        status, headers, body = asyncio.run(call(instrument_app(make_app()), path))
+    assert status == {"/raise": 500, "/recovered": 200, "/stream": 200}[path]
+    assert not any(name.startswith("x-ng-") for name in headers)
+    assert body and b"ng_failure_report" not in body
+    assert telemetry.failure_events(), "the failure itself is still recorded"
+    assert "internal error in reply_headers" in caplog.text

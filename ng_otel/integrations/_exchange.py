@@ -26,8 +26,10 @@ from ng_otel.otel.recorder import get_recorder, is_enabled, observe_failure
 MAX_RAW_SHOWN = 512  # how much of a malformed header a protocol_violation reason quotes
 
 
-def reply_headers(log: FailureLog) -> list[tuple[str, str]]:
-    """The two reply headers for what ``log`` holds; none when nothing was observed."""
+@guarded
+def reply_headers(log: FailureLog) -> list[tuple[str, str]] | None:
+    """The two reply headers for what ``log`` holds; none when nothing was observed (and
+    ``None`` after an internal error: the reply then goes out without them)."""
     if not log:
         return []
     report = log.report

@@ -100,7 +100,7 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
             record_failure(report)
             response = web.Response(status=status, body=body, content_type="application/json")
         if not response.prepared:
-            for name, value in reply_headers(log):
+            for name, value in reply_headers(log) or []:
                 response.headers[name] = value
         if isinstance(response, web.HTTPException):
             raise response

@@ -113,7 +113,7 @@ class _Reply:
     async def _start(self, message: Message) -> None:
         self.started = True
         if self._log and not self._stream:
-            message = {**message, "headers": [*message.get("headers", ()), *_encoded(reply_headers(self._log))]}
+            message = {**message, "headers": [*message.get("headers", ()), *_encoded(reply_headers(self._log) or [])]}
         await self._send(message)
 
     async def _release(self, *, more_body: bool) -> None:
@@ -126,7 +126,11 @@ class _Reply:
     async def send_failure(self, status: int, body: bytes) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await self._send(
-            {"type": "http.response.start", "status": status, "headers": headers + _encoded(reply_headers(self._log))}
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": headers + _encoded(reply_headers(self._log) or []),
+            }
         )
         await self._send({"type": "http.response.body", "body": body})
 
@@ -142,7 +146,7 @@ class _Reply:
             f"event: {names.SSE_EVENT}\ndata: {value}\n\n"
             if name == names.REPORT_HEADER
             else f"event: {names.SSE_CONTEXT_EVENT}\ndata: {value}\n\n"
-            for name, value in reply_headers(self._log)
+            for name, value in reply_headers(self._log) or []
         ]
         if lines:
             await self._send({"type": "http.response.body", "body": "".join(lines).encode("ascii"), "more_body": True})
