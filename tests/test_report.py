@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ng_otel.contract.events import BOUNDARIES, STAGES, NgFailureEvent
-from ng_otel.contract.header import MAX_HEADER_BYTES, OMITTED_VALUE
+from ng_otel.contract.header import MAX_HEADER_BYTES, OMITTED_VALUE, encode_ascii_json
 from ng_otel.contract.kinds import FAILURE_KINDS
 from ng_otel.contract.report import FailureReport, failure_report_for, find_boundary_failure, rebuild_failure
 from tests.test_events import SdkError, raise_chain
@@ -182,6 +182,24 @@ def test_header_is_compact_ascii_json_with_non_ascii_and_controls_escaped():
     assert value.isascii()
     assert "\r" not in value and "\n" not in value
     assert FailureReport.from_header(value).events[event.event_id]["failure_reason"] == event.failure_reason
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500)
+@given(_JSON_VALUES)
+def test_the_fast_encoder_writes_exactly_what_the_escaping_encoder_writes(value):
+    # The fast path must never differ from json's ensure_ascii output: a header value may hold
+    # visible ASCII and spaces only (DEL and everything non-ASCII escaped).
+    expected = json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    encoded = encode_ascii_json(value)
+    assert encoded == expected
+    assert all(" " <= char <= "~" for char in encoded)
 
 
 def _report_of_encoded_size(size):

@@ -8,9 +8,9 @@ if [ ! -f "$venv/.installed" ] || [ pyproject.toml -nt "$venv/.installed" ]; the
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --upgrade pip
   "$venv/bin/pip" install --quiet -e '.[test]' \
-    'pydantic==2.10.*' 'typing-extensions==4.12.*' 'fastapi==0.115.*' 'aiohttp==3.10.*' \
+    'pydantic==2.10.*' 'typing-extensions==4.12.*' 'orjson==3.10.*' 'fastapi==0.115.*' 'aiohttp==3.10.*' \
     'uvicorn==0.30.*' 'rich==13.*' 'starlette==0.46.*'
   touch "$venv/.installed"
 fi
-"$venv/bin/pip" list 2>/dev/null | grep -iE '^(pydantic|typing.extensions|fastapi|starlette|aiohttp|uvicorn|rich|opentelemetry-sdk) '
+"$venv/bin/pip" list 2>/dev/null | grep -iE '^(pydantic|typing.extensions|orjson|fastapi|starlette|aiohttp|uvicorn|rich|opentelemetry-sdk) '
 "$venv/bin/pytest" -q -m "not e2e" -p no:cacheprovider

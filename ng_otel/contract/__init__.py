@@ -1,5 +1,5 @@
-"""The Gym failure contract (DESIGN section 2): standard library and pydantic only, so data
-tooling can read failure records without a server or telemetry stack."""
+"""The Gym failure contract (DESIGN section 2): standard library, pydantic and orjson only, so
+data tooling can read failure records without a server or telemetry stack."""
 
 from ng_otel.contract.classify import (
     FailureClass,

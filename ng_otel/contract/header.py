@@ -9,17 +9,32 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+import orjson
+
 REPORT_HEADER: Final = "X-NG-Failure-Report"
 MAX_HEADER_BYTES: Final = 4096
 OMITTED_VALUE: Final = '{"omitted":true}'
 
-_encode = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_circular=False).encode
+_escaping_encode = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_circular=False).encode
+
+
+def encode_ascii_json(value: Any) -> str:
+    """Compact JSON in which every character is a visible ASCII character or a space: what
+    an HTTP header value may hold (no control character, no DEL, nothing above 0x7e)."""
+    # orjson is an order of magnitude faster on a failing request's hot path; it writes UTF-8
+    # and leaves DEL raw, so such text takes the escaping encoder instead.
+    try:
+        encoded = orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError: a type or an integer orjson does not take
+        return _escaping_encode(value)
+    if encoded.isascii() and b"\x7f" not in encoded:
+        return encoded.decode("ascii")
+    return _escaping_encode(value)
 
 
 def encode_header_json(value: Any) -> str | None:
-    """Compact JSON with every non-ASCII and control character escaped, or ``None`` when the
-    encoded value exceeds ``MAX_HEADER_BYTES``."""
-    text: str = _encode(value)
+    """``encode_ascii_json(value)``, or ``None`` when it exceeds ``MAX_HEADER_BYTES``."""
+    text = encode_ascii_json(value)
     return text if len(text) <= MAX_HEADER_BYTES else None
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ng_otel.contract.events import NgFailureEvent, bound_text
-from ng_otel.contract.header import OMITTED_VALUE, REPORT_HEADER
+from ng_otel.contract.header import OMITTED_VALUE, REPORT_HEADER, encode_ascii_json
 from ng_otel.contract.kinds import PROTOCOL_VIOLATION
 from ng_otel.contract.report import FailureReport, failure_report_for
 from ng_otel.otel import names
@@ -51,7 +51,7 @@ def failure_reply(error: BaseException) -> tuple[int, bytes, FailureReport] | No
     if report is None or report.failure_id is None:
         return None
     failure = report.events[report.failure_id]
-    body = json.dumps({"failure": failure}, ensure_ascii=True, separators=(",", ":"))
+    body = encode_ascii_json({"failure": failure})
     return failure.get("http_status") or 500, body.encode("ascii"), report
 
 
