@@ -9,7 +9,7 @@ so each event is exported and counted exactly once across hops.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -33,6 +33,7 @@ from ng_otel.contract.events import NgFailureEvent
 from ng_otel.contract.kinds import FAILURE_KINDS, is_well_formed
 from ng_otel.contract.report import FailureReport, failure_report_for
 from ng_otel.otel import names
+from ng_otel.otel._failure_tally import failure_tally
 from ng_otel.otel._guard import guarded, log_internal_error
 from ng_otel.otel.failure_log import current_failure_log
 from ng_otel.otel.links import LinkIndex
@@ -81,9 +82,7 @@ class FailureRecorder:
         self.classifier = classifier
         self._spans = "spans" in self.settings.signals
         self._logger = logger if "logs" in self.settings.signals else None
-        self._failures = meter.create_counter(
-            names.FAILURES_METRIC, unit=names.FAILURES_UNIT, description=names.FAILURES_DESCRIPTION
-        )
+        self._failures = failure_tally(meter)
         self.verify_outcomes = meter.create_counter(
             names.VERIFY_METRIC, unit=names.VERIFY_UNIT, description=names.VERIFY_DESCRIPTION
         )
@@ -110,15 +109,12 @@ class FailureRecorder:
         spans than ``span``. Returns how many were new.
         """
         target = span if span is not None else trace.get_current_span()
-        if recovered is None:
-            recovered_ids: Iterable[str] = report.recovered_ids()
-        else:
-            recovered_ids = report.events if recovered else ()
+        ordered, on_chain = _causes_first(report)
         own_id = report.failure_id if own else None
         on = _Target(target, event_attributes)
         targets: dict[int, _Target] = {}
         recorded = 0
-        for record in causes_first(report.events):
+        for record in ordered:
             event_id = record["event_id"]
             chosen = spans.get(event_id) if spans else None
             if chosen is None:
@@ -127,7 +123,8 @@ class FailureRecorder:
                 where = targets[id(chosen)]
             else:
                 where = targets[id(chosen)] = _Target(chosen, event_attributes)
-            recorded += self.record_event(record, where, recovered=event_id in recovered_ids, own=event_id == own_id)
+            is_recovered = event_id not in on_chain if recovered is None else recovered
+            recorded += self.record_event(record, where, recovered=is_recovered, own=event_id == own_id)
         return recorded
 
     def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> None:
@@ -233,21 +230,14 @@ class FailureRecorder:
         if own:
             _mark_error(span, kind)
 
-        labels: dict[str, Any] = {
-            names.BOUNDARY: record["boundary"],
-            names.KIND: self.kinds.label(kind),
-            names.RECOVERED: recovered,
-            names.CLASS: failure_class,
-        }
-        if stage is not None:
-            labels[names.STAGE] = stage
-        self._failures.add(1, labels, context=target.exemplar_context)
+        labels = (record["boundary"], self.kinds.label(kind), recovered, failure_class, stage)
+        self._failures.add(labels, target.context)
         if self._logger is not None:
             self._logger.emit(
                 event_name=names.EVENT,
                 body=kind,
                 attributes=attributes,
-                context=target.exemplar_context,
+                context=trace.set_span_in_context(span),  # the record's span, current or not
                 severity_number=SeverityNumber.WARN if recovered else SeverityNumber.ERROR,
             )
 
@@ -255,24 +245,20 @@ class FailureRecorder:
 class _Target:
     """The span failures go on, with what every event needs from it computed once."""
 
-    __slots__ = ("context", "exemplar_context", "extra", "recording", "span")
+    __slots__ = ("context", "extra", "recording", "span")
 
     def __init__(self, span: Span, extra: Mapping[str, Any] | None = None) -> None:
         self.span = span
         self.extra = extra
         self.context = span.get_span_context()
         self.recording = span.is_recording()
-        # Exemplars on the counter point at the failure's span, current or not.
-        self.exemplar_context = trace.set_span_in_context(span) if self.recording else None
 
 
 def _mark_error(span: Span, kind: str) -> None:
     current = getattr(span, "status", None)
     if current is not None and current.status_code is StatusCode.ERROR:
-        return  # someone else decided this span's error first
-    existing = getattr(span, "attributes", None) or {}
-    if names.ERROR_TYPE not in existing:
-        span.set_attribute(names.ERROR_TYPE, kind)
+        return  # someone else decided this span's error (and its error.type) first
+    span.set_attribute(names.ERROR_TYPE, kind)
     span.set_status(Status(StatusCode.ERROR, kind))
 
 
@@ -289,6 +275,14 @@ def causes_first(events: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, A
             current = events[current].get("cause_id")
         ordered.extend(reversed(stack))
     return ordered
+
+
+def _causes_first(report: FailureReport) -> tuple[list[Mapping[str, Any]], Collection[str]]:
+    """``report``'s records, causes first, and the ids on its own failure's chain."""
+    chain = report.chain()
+    if len(chain) == len(report.events):  # the common case: the report is one chain
+        return chain[::-1], report.events.keys()
+    return causes_first(report.events), {record["event_id"] for record in chain}
 
 
 def as_report(failure: Failure) -> FailureReport | None:
