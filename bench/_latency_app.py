@@ -23,14 +23,15 @@ def build(with_ng_otel: bool, exporting: bool = False) -> FastAPI:
         trace.set_tracer_provider(TracerProvider())
         metrics.set_meter_provider(MeterProvider())
     app = FastAPI()
-    FastAPIInstrumentor.instrument_app(app)
-    if with_ng_otel:
+    if with_ng_otel:  # enabled first, as a server would: instrumentations come after it
         import ng_otel
         from ng_otel.integrations.asgi import FailureReportMiddleware
 
         ng_otel.enable("bench")
+        FastAPIInstrumentor.instrument_app(app)
         app.add_middleware(FailureReportMiddleware)
     else:
+        FastAPIInstrumentor.instrument_app(app)
 
         @app.exception_handler(NgFailureEvent)
         async def plain_500(request: Request, error: NgFailureEvent) -> JSONResponse:

@@ -104,3 +104,52 @@ def test_malformed_settings_are_reported_and_do_not_raise():
     done = run({"NG_OTEL_SIGNALS": "traces", "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"})
     assert done.returncode == 0, done.stderr
     assert "ng_otel: not enabled: NG_OTEL_SIGNALS: expected spans, logs or spans,logs" in done.stderr
+
+
+SELF_METRICS = textwrap.dedent(
+    """
+    import os, ng_otel
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    ng_otel.enable("app")
+    with trace.get_tracer("an.instrumentation").start_as_current_span("GET /"):
+        pass
+    names = {m.name for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    print(
+        "result",
+        os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "unset"),
+        "span-metrics" if "otel.sdk.span.started" in names else "no-span-metrics",
+        "queue-metrics" if "otel.sdk.processor.span.queue.capacity" in names else "no-queue-metrics",
+        flush=True,
+    )
+    """
+)
+
+
+def test_enable_counts_pipeline_losses_without_taxing_every_span_of_the_process():
+    # The SDK's per-span self-metrics cost ~20 us a span (bench/recorder.py); enable() turns
+    # the variable on only while it builds the pipelines, whose drops it must count.
+    done = run({"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"}, SELF_METRICS)
+    assert done.returncode == 0, done.stderr
+    assert _result(done) == ["unset", "no-span-metrics", "queue-metrics"]
+
+
+def test_self_metrics_the_user_asked_for_are_left_on():
+    done = run(
+        {
+            "OTEL_TRACES_EXPORTER": "console",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED": "true",
+        },
+        SELF_METRICS,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _result(done) == ["true", "span-metrics", "queue-metrics"]
+
+
+def _result(done):
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("result ")]
+    return line.split()[1:]
