@@ -154,6 +154,7 @@ class FailureRecorder:
             if not self.index.add(event_id, target.context):
                 return False  # recorded here already, or exported by a callee: link, never copy
             self._emit(record, target, recovered=recovered, own=own)
+            target.placed.add(event_id)
             return True
         if not self.index.add(event_id, INVALID_SPAN_CONTEXT):
             return False
@@ -172,8 +173,8 @@ class FailureRecorder:
 
     def _links(self, record: Mapping[str, Any], target: _Target) -> list[Link]:
         cause_id = record.get("cause_id")
-        if cause_id is None:
-            return []
+        if cause_id is None or cause_id in target.placed:
+            return []  # no cause, or one this call just put on the same span
         cause_context = self.index.get(cause_id)
         # A cause recorded on this very span needs no link: cause_id on the event says it.
         if cause_context is None or not cause_context.is_valid or cause_context == target.context:
@@ -245,13 +246,14 @@ class FailureRecorder:
 class _Target:
     """The span failures go on, with what every event needs from it computed once."""
 
-    __slots__ = ("context", "extra", "recording", "span")
+    __slots__ = ("context", "extra", "placed", "recording", "span")
 
     def __init__(self, span: Span, extra: Mapping[str, Any] | None = None) -> None:
         self.span = span
         self.extra = extra
         self.context = span.get_span_context()
         self.recording = span.is_recording()
+        self.placed: set[str] = set()  # ids recorded on this span by the current call
 
 
 def _mark_error(span: Span, kind: str) -> None:
