@@ -5,6 +5,7 @@ import json
 import logging
 import sys
 import threading
+import time
 
 import pytest
 from fastapi import FastAPI
@@ -180,17 +181,29 @@ def test_sync_handlers_in_the_threadpool_never_see_each_others_failures():
         assert [r["failure_reason"] for r in report.events.values()] == [f"request {tag}"]
 
 
-def test_the_sdks_per_span_queue_full_warning_is_limited_to_one_a_minute(caplog):
+def test_the_sdks_per_span_queue_full_warning_is_limited_to_one_per_interval(caplog):
     logger = logging.getLogger("ng_otel.test.repeat")
-    logger.addFilter(RepeatLimit(interval=60))
+    limit = RepeatLimit(logger, interval=0.3)
+    logger.addFilter(limit)
     try:
         with caplog.at_level(logging.WARNING, logger="ng_otel.test.repeat"):
             for _ in range(1000):
                 logger.warning("Queue full, dropping %s.", "span")
-            logger.warning("another call site")
+            # The repeats are stopped by the level, before any record is built.
+            assert not logger.isEnabledFor(logging.WARNING)
+            logger.error("an export failed")
+            time.sleep(0.6)
+            assert logger.isEnabledFor(logging.WARNING)
+            logger.warning("Queue full, dropping %s.", "span")
     finally:
         logger.filters.clear()
-    assert [r.getMessage() for r in caplog.records] == ["Queue full, dropping span.", "another call site"]
+        time.sleep(0.6)  # the second interval ends after caplog restored the logger's level
+    assert [r.getMessage() for r in caplog.records] == [
+        "Queue full, dropping span.",
+        "an export failed",
+        "Queue full, dropping span.",
+    ]
+    assert logger.level == logging.NOTSET  # a level someone else set meanwhile is kept
 
 
 @pytest.mark.parametrize("size", [10, 10_000, 1_000_000])

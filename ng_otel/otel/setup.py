@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -219,28 +218,45 @@ def _logger_provider(resource: Any, meter_provider: MeterProvider) -> LoggerProv
 
 
 class RepeatLimit(logging.Filter):
-    """Lets a message through once per ``interval`` seconds per call site: with the collector
-    down, the SDK warns once per dropped span, on the request's own thread. The drops are
-    counted in ``otel.sdk.processor.span.processed{error.type="queue_full"}`` meanwhile."""
+    """Lets one WARNING through per ``interval`` seconds, ERRORs always. With the collector
+    down, the SDK warns once per dropped span, on the request's own thread; a filter alone
+    still pays for building each record (about 4 µs), so once a warning has passed, the
+    logger's level is raised to ERROR for the interval and a repeat costs a level check.
+    The drops are counted in ``otel.sdk.processor.span.processed{error.type="queue_full"}``
+    meanwhile."""
 
-    def __init__(self, interval: float = 60.0) -> None:
+    def __init__(self, logger: logging.Logger, interval: float = 60.0) -> None:
         super().__init__()
         self.interval = interval
-        self._last: dict[tuple[str, int], float] = {}
+        self._logger = logger
+        self._quiet = False
+        self._level = logger.level
+        self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.pathname, record.lineno)
-        now = time.monotonic()
-        if now - self._last.get(key, -self.interval) < self.interval:
-            return False
-        self._last[key] = now
+        if record.levelno >= logging.ERROR:
+            return True
+        with self._lock:
+            if self._quiet:
+                return False  # built before the raised level took effect
+            self._quiet, self._level = True, self._logger.level
+        self._logger.setLevel(logging.ERROR)
+        reopen = threading.Timer(self.interval, self._reopen)
+        reopen.daemon = True
+        reopen.start()
         return True
+
+    def _reopen(self) -> None:
+        with self._lock:
+            if self._logger.level == logging.ERROR:  # unless someone set another level meanwhile
+                self._logger.setLevel(self._level)
+            self._quiet = False
 
 
 def _quiet_repeated_sdk_warnings() -> None:
     logger = logging.getLogger("opentelemetry.sdk._shared_internal")
     if not any(isinstance(existing, RepeatLimit) for existing in logger.filters):
-        logger.addFilter(RepeatLimit())
+        logger.addFilter(RepeatLimit(logger))
 
 
 def _flush_on_sigterm() -> None:
