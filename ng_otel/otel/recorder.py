@@ -124,7 +124,14 @@ class FailureRecorder:
             else:
                 where = targets[id(chosen)] = _Target(chosen, event_attributes)
             is_recovered = event_id not in on_chain if recovered is None else recovered
-            recorded += self.record_event(record, where, recovered=is_recovered, own=event_id == own_id)
+            if not where.recording:
+                recorded += self._record_late(record, where, is_recovered, event_id == own_id)
+            # Claimed with the span it goes on, so a concurrent recorder of the same id skips it;
+            # an id known already was recorded here or exported by a callee: link, never copy.
+            elif self.index.add(event_id, where.context):
+                self._emit(record, where, is_recovered, event_id == own_id)
+                where.placed.add(event_id)
+                recorded += 1
         return recorded
 
     def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> None:
@@ -139,33 +146,18 @@ class FailureRecorder:
             if event_id in report.events:
                 self.index.set(event_id, context)
 
-    def record_event(
-        self,
-        record: Mapping[str, Any],
-        target: _Target,
-        *,
-        recovered: bool,
-        own: bool,
-    ) -> bool:
-        """Record one event unless its id is known; True when it was recorded now."""
+    def _record_late(self, record: Mapping[str, Any], target: _Target, recovered: bool, own: bool) -> bool:
+        """An ended or unsampled span takes no events: a short span in the same trace does,
+        with its links set at creation. True when the event was recorded now."""
         event_id = record["event_id"]
-        if target.recording:
-            # Claimed with the span it goes on, so a concurrent recorder of the same id skips it.
-            if not self.index.add(event_id, target.context):
-                return False  # recorded here already, or exported by a callee: link, never copy
-            self._emit(record, target, recovered=recovered, own=own)
-            target.placed.add(event_id)
-            return True
         if not self.index.add(event_id, INVALID_SPAN_CONTEXT):
             return False
-        # An ended or unsampled span takes no events: a short span in the same trace does, with
-        # its links set at creation.
         parent = target.context
         context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
         links = self._links(record, target)
         span = self.tracer.start_span(names.LATE_SPAN_PREFIX + record["failure_kind"], context=context, links=links)
         try:
-            self._emit(record, _Target(span, target.extra), recovered=recovered, own=own, linked=True)
+            self._emit(record, _Target(span, target.extra), recovered, own, linked=True)
         finally:
             span.end()
         self.index.set(event_id, span.get_span_context())
@@ -184,13 +176,7 @@ class FailureRecorder:
         return [Link(cause_context, attributes)]
 
     def _emit(
-        self,
-        record: Mapping[str, Any],
-        target: _Target,
-        *,
-        recovered: bool,
-        own: bool,
-        linked: bool = False,
+        self, record: Mapping[str, Any], target: _Target, recovered: bool, own: bool, linked: bool = False
     ) -> None:
         span = target.span
         event_id = record["event_id"]
