@@ -116,12 +116,13 @@ SELF_METRICS = textwrap.dedent(
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
     ng_otel.enable("app")
     with trace.get_tracer("an.instrumentation").start_as_current_span("GET /"):
-        pass
+        ng_otel.record_failure(ng_otel.NgFailureEvent("shutdown", "x", boundary="agent"))
     names = {m.name for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     print(
         "result",
         os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "unset"),
         "span-metrics" if "otel.sdk.span.started" in names else "no-span-metrics",
+        "log-metrics" if "otel.sdk.log.created" in names else "no-log-metrics",
         "queue-metrics" if "otel.sdk.processor.span.queue.capacity" in names else "no-queue-metrics",
         flush=True,
     )
@@ -130,11 +131,20 @@ SELF_METRICS = textwrap.dedent(
 
 
 def test_enable_counts_pipeline_losses_without_taxing_every_span_of_the_process():
-    # The SDK's per-span self-metrics cost ~20 us a span (bench/recorder.py); enable() turns
-    # the variable on only while it builds the pipelines, whose drops it must count.
-    done = run({"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"}, SELF_METRICS)
+    # The SDK's per-span (and per-log-record) self-metrics cost ~20 us a span; enable() turns
+    # the variable on only while it builds exporters, processors and readers, whose drops it
+    # must count.
+    done = run(
+        {
+            "OTEL_TRACES_EXPORTER": "console",
+            "OTEL_METRICS_EXPORTER": "none",
+            "NG_OTEL_SIGNALS": "spans,logs",
+            "OTEL_LOGS_EXPORTER": "console",
+        },
+        SELF_METRICS,
+    )
     assert done.returncode == 0, done.stderr
-    assert _result(done) == ["unset", "no-span-metrics", "queue-metrics"]
+    assert _result(done) == ["unset", "no-span-metrics", "no-log-metrics", "queue-metrics"]
 
 
 def test_self_metrics_the_user_asked_for_are_left_on():
@@ -142,12 +152,14 @@ def test_self_metrics_the_user_asked_for_are_left_on():
         {
             "OTEL_TRACES_EXPORTER": "console",
             "OTEL_METRICS_EXPORTER": "none",
+            "NG_OTEL_SIGNALS": "spans,logs",
+            "OTEL_LOGS_EXPORTER": "console",
             "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED": "true",
         },
         SELF_METRICS,
     )
     assert done.returncode == 0, done.stderr
-    assert _result(done) == ["true", "span-metrics", "queue-metrics"]
+    assert _result(done) == ["true", "span-metrics", "log-metrics", "queue-metrics"]
 
 
 def _result(done):

@@ -68,11 +68,10 @@ def enable(
         resource = None if sdk_disabled else _resource(service_name)
         # Metrics first: the span and log pipelines report what they drop through it, so no
         # loss is silent.
-        with _pipeline_self_metrics():
-            meter_provider = meter_provider or _meter_provider(resource)
-            tracer_provider = tracer_provider or _tracer_provider(resource, meter_provider)
-            if "logs" in settings.signals:
-                logger_provider = logger_provider or _logger_provider(resource, meter_provider)
+        meter_provider = meter_provider or _meter_provider(resource)
+        tracer_provider = tracer_provider or _tracer_provider(resource, meter_provider)
+        if "logs" in settings.signals:
+            logger_provider = logger_provider or _logger_provider(resource, meter_provider)
         if resource is not None:
             _flush_on_sigterm()
             _quiet_repeated_sdk_warnings()
@@ -90,10 +89,11 @@ def enable(
 @contextmanager
 def _pipeline_self_metrics() -> Iterator[None]:
     """The SDK counts what a queue drops and an exporter fails to send only when
-    ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`` is true while the pipeline is built. It also
-    reads the variable for every tracer and logger obtained later, whose per-span metrics
-    cost about 20 µs a span in every instrumentation of the process. So it is on while
-    ``enable()`` builds its pipelines, and left as the user set it everywhere else."""
+    ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`` is true while that pipeline is built. It also
+    reads the variable for every tracer (and logger provider) built later, whose per-span
+    metrics cost about 20 µs a span in every instrumentation of the process. So it is on
+    while ``enable()`` builds exporters, processors and readers, and left as the user set it
+    everywhere else."""
     if SDK_SELF_METRICS in os.environ:
         yield
         return
@@ -155,15 +155,16 @@ def _tracer_provider(resource: Any, meter_provider: MeterProvider) -> TracerProv
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = SdkTracerProvider(resource=resource)
-    exporter = _exporter("traces", meter_provider=meter_provider)
-    if exporter is not None:
-        lost = meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, __version__).create_counter(
-            names.UNEXPORTED_METRIC, unit=names.UNEXPORTED_UNIT, description=names.UNEXPORTED_DESCRIPTION
-        )
-        exporter = LossCountingSpanExporter(exporter, lost)
-        # Bounded queue (OTEL_BSP_MAX_QUEUE_SIZE); what it drops is counted in
-        # otel.sdk.processor.span.processed{error.type="queue_full"}.
-        provider.add_span_processor(BatchSpanProcessor(exporter, meter_provider=meter_provider))
+    with _pipeline_self_metrics():
+        exporter = _exporter("traces", meter_provider=meter_provider)
+        if exporter is not None:
+            lost = meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, __version__).create_counter(
+                names.UNEXPORTED_METRIC, unit=names.UNEXPORTED_UNIT, description=names.UNEXPORTED_DESCRIPTION
+            )
+            exporter = LossCountingSpanExporter(exporter, lost)
+            # Bounded queue (OTEL_BSP_MAX_QUEUE_SIZE); what it drops is counted in
+            # otel.sdk.processor.span.processed{error.type="queue_full"}.
+            provider.add_span_processor(BatchSpanProcessor(exporter, meter_provider=meter_provider))
     trace.set_tracer_provider(provider)
     _owned.append(provider)
     return provider
@@ -177,13 +178,14 @@ def _meter_provider(resource: Any) -> MeterProvider:
     from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 
     readers: list[MetricReader] = []
-    if _exporter_choice("METRICS") == "prometheus":
-        readers.append(_prometheus_reader())
-    else:
-        exporter = _exporter("metrics")
-        if exporter is not None:
-            readers.append(PeriodicExportingMetricReader(exporter))
-    provider = SdkMeterProvider(resource=resource, metric_readers=readers)
+    with _pipeline_self_metrics():  # readers count their collections once attached, below
+        if _exporter_choice("METRICS") == "prometheus":
+            readers.append(_prometheus_reader())
+        else:
+            exporter = _exporter("metrics")
+            if exporter is not None:
+                readers.append(PeriodicExportingMetricReader(exporter))
+        provider = SdkMeterProvider(resource=resource, metric_readers=readers)
     metrics.set_meter_provider(provider)
     _owned.append(provider)
     return provider
@@ -209,9 +211,10 @@ def _logger_provider(resource: Any, meter_provider: MeterProvider) -> LoggerProv
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
     provider = SdkLoggerProvider(resource=resource)
-    exporter = _exporter("logs", meter_provider=meter_provider)
-    if exporter is not None:
-        provider.add_log_record_processor(BatchLogRecordProcessor(exporter, meter_provider=meter_provider))
+    with _pipeline_self_metrics():
+        exporter = _exporter("logs", meter_provider=meter_provider)
+        if exporter is not None:
+            provider.add_log_record_processor(BatchLogRecordProcessor(exporter, meter_provider=meter_provider))
     set_logger_provider(provider)
     _owned.append(provider)
     return provider
