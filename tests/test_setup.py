@@ -130,36 +130,29 @@ SELF_METRICS = textwrap.dedent(
 )
 
 
-def test_enable_counts_pipeline_losses_without_taxing_every_span_of_the_process():
-    # The SDK's per-span (and per-log-record) self-metrics cost ~20 us a span; enable() turns
-    # the variable on only while it builds exporters, processors and readers, whose drops it
-    # must count.
-    done = run(
-        {
-            "OTEL_TRACES_EXPORTER": "console",
-            "OTEL_METRICS_EXPORTER": "none",
-            "NG_OTEL_SIGNALS": "spans,logs",
-            "OTEL_LOGS_EXPORTER": "console",
-        },
-        SELF_METRICS,
-    )
+@pytest.mark.parametrize(
+    ("user_setting", "expected"),
+    [
+        # The SDK's per-span (and per-log-record) self-metrics cost ~20 us a span; enable()
+        # turns the variable on only while it builds exporters, processors and readers,
+        # whose drops it must count.
+        (None, ["unset", "no-span-metrics", "no-log-metrics", "queue-metrics"]),
+        # Self-metrics the user asked for are left on.
+        ("true", ["true", "span-metrics", "log-metrics", "queue-metrics"]),
+    ],
+)
+def test_enable_counts_pipeline_losses_without_taxing_every_span_of_the_process(user_setting, expected):
+    env = {
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "none",
+        "NG_OTEL_SIGNALS": "spans,logs",
+        "OTEL_LOGS_EXPORTER": "console",
+    }
+    if user_setting is not None:
+        env["OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"] = user_setting
+    done = run(env, SELF_METRICS)
     assert done.returncode == 0, done.stderr
-    assert _result(done) == ["unset", "no-span-metrics", "no-log-metrics", "queue-metrics"]
-
-
-def test_self_metrics_the_user_asked_for_are_left_on():
-    done = run(
-        {
-            "OTEL_TRACES_EXPORTER": "console",
-            "OTEL_METRICS_EXPORTER": "none",
-            "NG_OTEL_SIGNALS": "spans,logs",
-            "OTEL_LOGS_EXPORTER": "console",
-            "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED": "true",
-        },
-        SELF_METRICS,
-    )
-    assert done.returncode == 0, done.stderr
-    assert _result(done) == ["true", "span-metrics", "log-metrics", "queue-metrics"]
+    assert _result(done) == expected
 
 
 def _result(done):

@@ -52,8 +52,7 @@ _EMPTY: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
 class FailureReport:
     """An immutable, validated set of failure records for one reply."""
 
-    __slots__ = ("_records", "events", "failure_id", "omitted")
-    _records: dict[str, Mapping[str, Any]]
+    __slots__ = ("events", "failure_id", "omitted")
     failure_id: str | None
     events: Mapping[str, Mapping[str, Any]]
     omitted: bool
@@ -73,9 +72,7 @@ class FailureReport:
         self._set(checked.events, checked.failure_id, checked.omitted)
 
     def _set(self, events: Mapping[str, Mapping[str, Any]], failure_id: str | None, omitted: bool) -> None:
-        records = events if isinstance(events, dict) else dict(events)
-        object.__setattr__(self, "_records", records)  # what the encoders take, never handed out
-        object.__setattr__(self, "events", MappingProxyType(records) if records else _EMPTY)
+        object.__setattr__(self, "events", MappingProxyType(events) if events else _EMPTY)
         object.__setattr__(self, "failure_id", failure_id)
         object.__setattr__(self, "omitted", omitted)
 
@@ -135,7 +132,7 @@ class FailureReport:
         data: dict[str, Any] = {}
         if self.failure_id is not None:
             data["failure_id"] = self.failure_id
-        data["events"] = self._records
+        data["events"] = dict(self.events)  # the encoder takes a dict, not a mapping proxy
         if self.omitted:
             data["omitted"] = True
         return encode_header_json(data) or OMITTED_VALUE

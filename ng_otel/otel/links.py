@@ -76,13 +76,7 @@ def format_span_context(context: SpanContext) -> str:
 def encode_context_header(contexts: Mapping[str, SpanContext]) -> str:
     """The ``X-NG-Failure-Context`` value; ``{"omitted":true}`` when it exceeds 4096 bytes,
     which tells the caller the events were exported but their spans are not known."""
-    formatted: dict[str, str] = {}
-    last: tuple[SpanContext | None, str] = (None, "")
-    for event_id, context in contexts.items():
-        if context is not last[0]:  # a request's events mostly share its span: format it once
-            last = (context, format_span_context(context))
-        formatted[event_id] = last[1]
-    value = encode_header_json(formatted)
+    value = encode_header_json({event_id: format_span_context(ctx) for event_id, ctx in contexts.items()})
     return value if value is not None else OMITTED_VALUE
 
 

@@ -109,12 +109,15 @@ class FailureRecorder:
         spans than ``span``. Returns how many were new.
         """
         target = span if span is not None else trace.get_current_span()
-        ordered, on_chain = _causes_first(report)
+        if recovered is None:
+            recovered_ids: Collection[str] = report.recovered_ids()
+        else:
+            recovered_ids = report.events if recovered else ()
         own_id = report.failure_id if own else None
         on = _Target(target, event_attributes)
         targets: dict[int, _Target] = {}
         recorded = 0
-        for record in ordered:
+        for record in causes_first(report.events):
             event_id = record["event_id"]
             chosen = spans.get(event_id) if spans else None
             if chosen is None:
@@ -123,14 +126,13 @@ class FailureRecorder:
                 where = targets[id(chosen)]
             else:
                 where = targets[id(chosen)] = _Target(chosen, event_attributes)
-            is_recovered = event_id not in on_chain if recovered is None else recovered
+            is_recovered = event_id in recovered_ids
             if not where.recording:
                 recorded += self._record_late(record, where, is_recovered, event_id == own_id)
             # Claimed with the span it goes on, so a concurrent recorder of the same id skips it;
             # an id known already was recorded here or exported by a callee: link, never copy.
             elif self.index.add(event_id, where.context):
                 self._emit(record, where, is_recovered, event_id == own_id)
-                where.placed.add(event_id)
                 recorded += 1
         return recorded
 
@@ -165,8 +167,8 @@ class FailureRecorder:
 
     def _links(self, record: Mapping[str, Any], target: _Target) -> list[Link]:
         cause_id = record.get("cause_id")
-        if cause_id is None or cause_id in target.placed:
-            return []  # no cause, or one this call just put on the same span
+        if cause_id is None:
+            return []
         cause_context = self.index.get(cause_id)
         # A cause recorded on this very span needs no link: cause_id on the event says it.
         if cause_context is None or not cause_context.is_valid or cause_context == target.context:
@@ -232,14 +234,13 @@ class FailureRecorder:
 class _Target:
     """The span failures go on, with what every event needs from it computed once."""
 
-    __slots__ = ("context", "extra", "placed", "recording", "span")
+    __slots__ = ("context", "extra", "recording", "span")
 
     def __init__(self, span: Span, extra: Mapping[str, Any] | None = None) -> None:
         self.span = span
         self.extra = extra
         self.context = span.get_span_context()
         self.recording = span.is_recording()
-        self.placed: set[str] = set()  # ids recorded on this span by the current call
 
 
 def _mark_error(span: Span, kind: str) -> None:
@@ -263,14 +264,6 @@ def causes_first(events: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, A
             current = events[current].get("cause_id")
         ordered.extend(reversed(stack))
     return ordered
-
-
-def _causes_first(report: FailureReport) -> tuple[list[Mapping[str, Any]], Collection[str]]:
-    """``report``'s records, causes first, and the ids on its own failure's chain."""
-    chain = report.chain()
-    if len(chain) == len(report.events):  # the common case: the report is one chain
-        return chain[::-1], report.events.keys()
-    return causes_first(report.events), {record["event_id"] for record in chain}
 
 
 def as_report(failure: Failure) -> FailureReport | None:
