@@ -252,3 +252,53 @@ def test_an_internal_error_while_building_the_headers_never_reaches_the_reply(pa
     assert body and b"ng_failure_report" not in body
     assert telemetry.failure_events(), "the failure itself is still recorded"
     assert "internal error in reply_headers" in caplog.text
+
+
+def with_catch_all(app):
+    """The shape of NeMo Gym 0.7.0's ``setup_exception_middleware``: every exception becomes
+    a JSON 500 carrying ``repr(e)``, inside the app, before any outer middleware sees it."""
+
+    @app.middleware("http")
+    async def exception_handling_middleware(request: Request, call_next):
+        try:
+            return await call_next(request)
+        except Exception as e:
+            return JSONResponse(content=repr(e), status_code=500)
+
+    return app
+
+
+def test_a_failure_a_catch_all_middleware_answers_is_recorded_once_on_the_server_span_and_reported():
+    app = with_catch_all(make_app())
+    with capture_failures() as telemetry:
+        tracer = telemetry.tracer_provider.get_tracer("test")
+        with tracer.start_as_current_span("server"):
+            status, headers, body = asyncio.run(call(instrument_app(app), "/raise"))
+    assert status == 500 and json.loads(body).startswith("NgFailureEvent('agent_run_error'")  # the app's own
+    report = FailureReport.from_header(headers["x-ng-failure-report"])
+    assert [r["failure_kind"] for r in report.chain()] == ["agent_run_error", "transport_timeout"]
+    assert set(decode_context_header(headers["x-ng-failure-context"])) == set(report.events)
+    (server,) = [span for span in telemetry.spans() if span["name"] == "server"]
+    assert [e["attributes"]["ng.failure.kind"] for e in server["events"]] == ["transport_timeout", "agent_run_error"]
+    assert server["status"] == "ERROR" and server["attributes"]["error.type"] == "agent_run_error"
+    assert telemetry.count() == 2
+
+
+def test_healthy_replies_are_unchanged_behind_a_catch_all():
+    plain = asyncio.run(call(with_catch_all(make_app()), "/ok"))
+    with capture_failures():
+        observed = asyncio.run(call(instrument_app(with_catch_all(make_app())), "/ok"))
+    assert observed == plain
+
+
+def test_switched_off_the_app_stack_is_left_exactly_as_it_was(monkeypatch):
+    app = with_catch_all(make_app())
+    with capture_failures():
+        monkeypatch.setattr(recorder_module, "_enabled", False)
+        status, headers, body = asyncio.run(call(instrument_app(app), "/raise"))
+    assert status == 500 and "x-ng-failure-report" not in headers
+    handlers = app.middleware_stack
+    while handlers is not None and not hasattr(handlers, "_exception_handlers"):
+        handlers = getattr(handlers, "app", None)
+    assert not any(getattr(h, "_ng_otel_wrapped", False) for h in handlers._exception_handlers.values())
+    assert type(handlers.app).__name__ != "RaisedFailureRecorder"

@@ -16,8 +16,6 @@ import pytest
 
 from ng_otel.contract import FailureReport
 
-pytestmark = pytest.mark.e2e
-
 APP = textwrap.dedent(
     """
     import asyncio, socket, sys
@@ -54,6 +52,7 @@ def get(url):
         return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
 
 
+@pytest.mark.e2e
 def test_opentelemetry_instrument_enables_the_middleware_and_client_hook(tmp_path: Path, otlp):
     script = tmp_path / "app.py"
     script.write_text(APP)
@@ -100,3 +99,92 @@ def test_opentelemetry_instrument_enables_the_middleware_and_client_hook(tmp_pat
         process.send_signal(signal.SIGINT)
         process.wait(timeout=15)
         sock.close()
+
+
+# A FastAPI app with a catch-all middleware (as NeMo Gym's), after the named instrumentors ran
+# in the given order; prints the reply and the exported spans' failure events.
+ORDER_APP = """
+import asyncio, json, sys
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from ng_otel.integrations.instrumentor import NgOtelInstrumentor
+
+steps = {"fastapi": FastAPIInstrumentor, "ng_otel": NgOtelInstrumentor}
+for name in sys.argv[1].split(","):
+    steps[name]().instrument()
+
+import fastapi
+from fastapi.responses import JSONResponse
+from ng_otel import NgFailureEvent
+
+app = fastapi.FastAPI()
+
+@app.middleware("http")
+async def catch_all(request, call_next):
+    try:
+        return await call_next(request)
+    except Exception as e:
+        return JSONResponse(content=repr(e), status_code=500)
+
+@app.get("/fail")
+async def fail():
+    raise NgFailureEvent("transport_timeout", "model timed out", boundary="model", http_status=504)
+
+async def call(path):
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "path": path,
+             "raw_path": path.encode(), "query_string": b"", "root_path": "", "scheme": "http",
+             "headers": [(b"host", b"test")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    sent = []
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+    async def send(message):
+        sent.append(message)
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}
+
+status, headers = asyncio.run(call("/fail"))
+spans = [
+    {
+        "name": s.name,
+        "kind": s.kind.name,
+        "events": [e.attributes["ng.failure.kind"] for e in s.events if e.name == "ng.failure"],
+    }
+    for s in exporter.get_finished_spans()
+]
+print(json.dumps({"status": status, "report": "x-ng-failure-report" in headers, "spans": spans}))
+"""
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        pytest.param("fastapi,ng_otel", id="contrib-fastapi-first"),
+        pytest.param("ng_otel,fastapi", id="ng_otel-first"),
+        pytest.param("ng_otel", id="fastapi-native-telemetry"),
+    ],
+)
+def test_the_failure_is_recorded_on_the_server_span_whatever_order_the_instrumentors_load_in(order, tmp_path):
+    # OpenTelemetry's FastAPI instrumentor replaces the name fastapi.FastAPI with a subclass;
+    # without it, FastAPI's own native telemetry makes the server span.
+    (tmp_path / "order_app.py").write_text(ORDER_APP)
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    done = subprocess.run(
+        [sys.executable, "order_app.py", order], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == 500 and result["report"]  # the catch-all's own reply, with the report
+    servers = [span for span in result["spans"] if span["kind"] == "SERVER"]
+    assert [span["events"] for span in servers] == [["transport_timeout"]]
+    assert all(not span["events"] for span in result["spans"] if span["kind"] != "SERVER")

@@ -2,13 +2,17 @@
 
     app.add_middleware(FailureReportMiddleware)
 
-Per request it opens the failure log that ``record_failure``, ``observe_failure`` and the
-aiohttp client hook feed; every reply with failures carries ``X-NG-Failure-Report`` and
-``X-NG-Failure-Context`` (a ``text/event-stream`` reply gets them as a final
-``ng_failure_report`` event instead, since its headers are gone). An exception with a Gym
-failure in its explicit chain is recorded on the server span and answered with the failure's
-``http_status`` (500 without one) and a JSON body. Handlers the app registered for exceptions
-are wrapped so that a failure they turn into a reply is still recorded and reported.
+Two layers, because an app's own error handling sits between them. The middleware itself
+opens the request's failure log (fed by ``record_failure``, ``observe_failure`` and the
+aiohttp client hook) and adds ``X-NG-Failure-Report`` and ``X-NG-Failure-Context`` to every
+reply with failures, whoever wrote that reply (a ``text/event-stream`` reply gets them as a
+final ``ng_failure_report`` event instead, since its headers are gone). Installed, it also
+puts a small recorder right around the app's router, inside Starlette's
+``ExceptionMiddleware``: a Gym failure raised by a handler is recorded there, on the server
+span, before an exception handler or a catch-all middleware (such as NeMo Gym's
+``setup_exception_middleware``) turns it into a reply. Status and body stay the app's own
+wherever the app answers; a failure that nothing in the app answers is answered here with
+its ``http_status`` (500 without one) and a JSON body.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from typing import Any
 
 from opentelemetry import trace
 
-from ng_otel.contract.events import NgFailureEvent
 from ng_otel.integrations._exchange import failure_reply, reply_headers
 from ng_otel.integrations.environment import record_verify_outcome
 from ng_otel.otel import names
@@ -34,7 +37,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_MAX_APP_DEPTH = 32  # how far down the middleware chain to look for exception handlers
+_MAX_APP_DEPTH = 64  # how far down the middleware chain to look for the router
 MAX_VERIFY_BODY = 1 << 20  # a verify reply larger than this is passed on unread
 
 
@@ -45,8 +48,8 @@ class FailureReportMiddleware:
     def __init__(self, app: ASGIApp, *, verify_paths: Collection[str] = ("/verify",)) -> None:
         self.app = app
         self.verify_paths = frozenset(verify_paths)
-        if is_enabled():  # switched off, the app's error handling stays exactly its own
-            _wrap_exception_handlers(app)
+        if is_enabled():  # switched off, the app stays exactly as it was
+            install_raise_recorder(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not is_enabled():
@@ -170,56 +173,64 @@ def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.lower().encode("ascii"), value.encode("ascii")) for name, value in headers]
 
 
+class RaisedFailureRecorder:
+    """Records a Gym failure that leaves the router, on the span current there (the server
+    span), then lets it go on: the app's own middleware (a catch-all such as NeMo Gym's
+    ``setup_exception_middleware``) still answers it, and the reply that leaves carries its
+    report."""
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except Exception as error:
+            record_failure(error)  # guarded, and a no-op for anything but a Gym failure
+            raise
+
+
 @guarded
-def _wrap_exception_handlers(app: Any) -> None:
-    # Starlette's ExceptionMiddleware sits inside user middleware: a handler registered there
-    # turns a failure into a reply before this middleware could see the exception.
+def install_raise_recorder(app: Any) -> bool:
+    """Make ``app`` (a built middleware chain) record Gym failures where they are raised.
+
+    Starlette's ``ExceptionMiddleware`` holds the app's exception handlers, and its routes
+    apply them before an exception leaves the router: each handler is wrapped to record the
+    failure it answers, and a ``RaisedFailureRecorder`` goes around the router for the rest.
+    True when both are in place (now or already)."""
     node = app
     for _ in range(_MAX_APP_DEPTH):
+        inner = getattr(node, "app", None)
+        if inner is None:
+            return False
         handlers = getattr(node, "_exception_handlers", None)
         if isinstance(handlers, dict):
-            handlers.setdefault(NgFailureEvent, _answer_failure)
             for key, handler in list(handlers.items()):
                 if not getattr(handler, "_ng_otel_wrapped", False):
                     handlers[key] = _recording(handler)
-        node = getattr(node, "app", None)
-        if node is None:
-            return
-
-
-async def _answer_failure(request: Any, error: Exception) -> Any:
-    # Answered where the app's own handlers run, like any handled exception.
-    from starlette.responses import Response
-
-    answer = failure_reply(error) if is_enabled() else None
-    if answer is None:
-        raise error
-    status, body, report = answer
-    record_failure(report)
-    return Response(body, status_code=status, media_type="application/json")
-
-
-_answer_failure._ng_otel_wrapped = True  # type: ignore[attr-defined]
+            if not isinstance(inner, RaisedFailureRecorder):
+                node.app = RaisedFailureRecorder(inner)
+            return True
+        node = inner
+    return False
 
 
 def _recording(handler: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(handler):
 
         async def async_wrapper(request: Any, error: Exception) -> Any:
-            _record_handled(error)
+            record_failure(error)
             return await handler(request, error)
 
         wrapper: Callable[..., Any] = async_wrapper
     else:
 
         def sync_wrapper(request: Any, error: Exception) -> Any:
-            _record_handled(error)
+            record_failure(error)
             return handler(request, error)
 
         wrapper = sync_wrapper
     wrapper._ng_otel_wrapped = True  # type: ignore[attr-defined]
     return wrapper
-
-
-def _record_handled(error: BaseException) -> None:
-    record_failure(error)  # guarded: never raises into the app's handler

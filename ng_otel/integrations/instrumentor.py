@@ -60,15 +60,27 @@ def _patch_asgi_apps() -> None:
 
         return build_middleware_stack
 
-    classes: list[Any] = [Starlette]
-    try:
-        from fastapi import FastAPI
+    for cls in _stack_builders(Starlette):
+        _patch(cls, "build_middleware_stack", make)
 
-        classes.append(FastAPI)
+
+def _stack_builders(base: type) -> list[type]:
+    """``base`` and every subclass loaded now that defines its own ``build_middleware_stack``.
+
+    FastAPI overrides Starlette's, and OpenTelemetry's FastAPI instrumentor replaces the name
+    ``fastapi.FastAPI`` with a subclass of its own; the class to patch is the one that defines
+    the method, wherever the public name points and whichever instrumentor loaded first."""
+    try:
+        import fastapi.applications  # noqa: F401  (loads FastAPI's class, the usual subclass)
     except ImportError:
         pass
-    for cls in classes:
-        _patch(cls, "build_middleware_stack", make)
+    found, pending = [], [base]
+    while pending:
+        cls = pending.pop()
+        if "build_middleware_stack" in cls.__dict__:
+            found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
 
 
 def _middleware(cls: Any) -> Any:

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Real NeMo Gym, cached outside the checkout, keyed by its version.
+#   tools/real-gym.sh wheel   unzipped wheel (its pydantic-only modules import without the rest of Gym)
+#   tools/real-gym.sh venv    a Python 3.13 venv with nemo-gym installed (~1.4 GB, ~3 minutes the first time)
+# Each prints the path it prepared. NG_OTEL_GYM_CACHE moves the cache (default ~/.cache/ng-otel).
+set -euo pipefail
+version=${NG_OTEL_GYM_VERSION:-0.7.0}
+cache=${NG_OTEL_GYM_CACHE:-$HOME/.cache/ng-otel}
+mkdir -p "$cache"
+
+case "${1:-}" in
+  wheel)
+    dir="$cache/wheel-$version"
+    if [ ! -f "$dir/.unzipped" ]; then
+      rm -rf "$dir" && mkdir -p "$dir"
+      # Gym declares Python 3.13.14; the wheel itself is pure Python.
+      pip download --quiet --no-deps --only-binary=:all: --python-version 3.13.14 -d "$dir" "nemo-gym==$version" >&2
+      python3 -m zipfile -e "$dir"/nemo_gym-"$version"-*.whl "$dir/unzipped"
+      touch "$dir/.unzipped"
+    fi
+    echo "$dir/unzipped"
+    ;;
+  venv)
+    dir="$cache/gym-$version"
+    if [ ! -f "$dir/.installed" ]; then
+      pyenv_root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+      python=$(ls -d "$pyenv_root"/versions/3.13.*/bin/python3.13 2>/dev/null | sort -V | tail -n 1 || true)
+      [ -n "$python" ] || python=$(command -v python3.13)
+      rm -rf "$dir"
+      "$python" -m venv "$dir"
+      "$dir/bin/pip" install --quiet --upgrade pip >&2
+      # It declares 3.13.14 but runs on the 3.13.0 these machines have.
+      "$dir/bin/pip" install --quiet --ignore-requires-python "nemo-gym==$version" >&2
+      touch "$dir/.installed"
+    fi
+    echo "$dir"
+    ;;
+  *)
+    echo "usage: tools/real-gym.sh wheel|venv" >&2
+    exit 2
+    ;;
+esac
