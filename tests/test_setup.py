@@ -158,3 +158,67 @@ def test_enable_counts_pipeline_losses_without_taxing_every_span_of_the_process(
 def _result(done):
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("result ")]
     return line.split()[1:]
+
+
+GYM_OWNED = textwrap.dedent(
+    """
+    import ng_otel
+    from ng_otel import NgFailureEvent, record_failure
+    from opentelemetry import metrics, trace
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    assert ng_otel.enable("agent-server") is not None  # as opentelemetry-instrument does, at start-up
+    installed = type(trace.get_tracer_provider()).__name__, type(metrics.get_meter_provider()).__name__
+    print("providers after enable:", *installed)
+
+    # What Gym's telemetry (nemo-lens) does once the server starts: the process's providers.
+    resource = Resource.create({"service.name": "gym-owned"})
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(tracer_provider)
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=60000)
+    meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    metrics.set_meter_provider(meter_provider)
+
+    with trace.get_tracer("gym").start_as_current_span("POST /verify"):
+        record_failure(NgFailureEvent("judge_failed", "judge timed out", boundary="resources_server"))
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+    """
+)
+
+
+@pytest.mark.parametrize("switch", ["NEMO_GYM_OTEL_ENABLED", "NEMO_LENS_ENABLED"])
+def test_where_gym_telemetry_owns_the_providers_ng_otel_records_through_them_and_installs_none(otlp, tmp_path, switch):
+    # nemo-lens is not on the public registry: an importable stand-in makes Gym's switch live.
+    (tmp_path / "nemo" / "lens").mkdir(parents=True)
+    (tmp_path / "nemo" / "lens" / "__init__.py").write_text("")
+    done = run(
+        {
+            switch: "1",
+            "PYTHONPATH": str(tmp_path),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        },
+        script=GYM_OWNED,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "providers after enable: ProxyTracerProvider _ProxyMeterProvider"
+    assert otlp.wait_for(lambda: len(otlp.failure_events()) == 1)
+    (span,) = otlp.spans()
+    assert span["service"] == "gym-owned" and span["name"] == "POST /verify"
+    assert otlp.wait_for(lambda: sum(p["value"] for p in otlp.metric_points("ng.failures")) == 1)
+    assert "Overriding of current" not in done.stderr  # nobody tried to replace Gym's providers
+
+
+def test_gym_telemetry_switched_on_without_nemo_lens_leaves_ng_otel_installing_its_own():
+    # Gym's telemetry cannot run without nemo-lens, so nobody else would install providers.
+    done = run({"NEMO_GYM_OTEL_ENABLED": "1", "OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"})
+    assert done.returncode == 0, done.stderr
+    assert '"name": "ng.failure"' in done.stdout

@@ -1,6 +1,9 @@
 """``enable()``: one call that turns ng_otel on in a server.
 
-Providers the application (or Gym's own telemetry) already installed are reused; otherwise
+Providers the application (or Gym's own telemetry) already installed are reused. Where NeMo
+Gym's own telemetry is switched on, it installs the providers itself once the server starts,
+which is after ``opentelemetry-instrument`` enabled ng_otel: ng_otel then installs none and
+records through the global providers, whatever they become. Otherwise
 SDK providers are installed with exporters chosen by the standard ``OTEL_*`` variables
 (``OTEL_TRACES_EXPORTER``, ``OTEL_METRICS_EXPORTER``, ``OTEL_LOGS_EXPORTER``:
 ``otlp`` (default), ``console`` or ``none``; ``OTEL_EXPORTER_OTLP_[SIGNAL_]PROTOCOL``:
@@ -11,6 +14,7 @@ exporters themselves). ``OTEL_SDK_DISABLED=true`` installs nothing.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import signal
@@ -36,6 +40,11 @@ SDK_SELF_METRICS = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
 _lock = threading.Lock()
 _installed: FailureRecorder | None = None
 _owned: list[Any] = []  # providers enable() created, flushed and shut down by shutdown()
+
+# NeMo Gym 0.7.0 (nemo_gym/telemetry/setup.py, is_telemetry_env_enabled): the first of these
+# that is set decides, and its telemetry needs nemo-lens to run at all.
+GYM_TELEMETRY_SWITCHES = ("NEMO_GYM_OTEL_ENABLED", "NEMO_LENS_ENABLED")
+_GYM_TRUTHY = ("1", "true", "yes", "on")
 
 
 @guarded
@@ -65,7 +74,11 @@ def enable(
             install_recorder(None, enabled=False)
             return None
         sdk_disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-        resource = None if sdk_disabled else _resource(service_name)
+        gym_owned = not sdk_disabled and gym_telemetry_installs_providers()
+        if gym_owned:
+            _log.info("ng_otel: NeMo Gym's telemetry is on; ng_otel records through the providers it installs")
+        # No resource: install no provider, record through whatever the global ones become.
+        resource = None if sdk_disabled or gym_owned else _resource(service_name)
         # Metrics first: the span and log pipelines report what they drop through it, so no
         # loss is silent.
         meter_provider = meter_provider or _meter_provider(resource)
@@ -84,6 +97,23 @@ def enable(
         install_recorder(recorder)
         _installed = recorder
         return recorder
+
+
+def gym_telemetry_installs_providers() -> bool:
+    """True where NeMo Gym's own telemetry is switched on and can run (nemo-lens is
+    installed): it installs this process's providers when the Gym server starts."""
+    for name in GYM_TELEMETRY_SWITCHES:
+        raw = os.environ.get(name, "").strip().lower()
+        if raw:
+            return raw in _GYM_TRUTHY and _lens_installed()
+    return False
+
+
+def _lens_installed() -> bool:
+    try:
+        return importlib.util.find_spec("nemo.lens") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @contextmanager
