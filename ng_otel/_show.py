@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from ng_otel.contract.report import FailureReport
-from ng_otel.integrations.collection import row_report
+from ng_otel.contract.rows import ROW_ROLLOUT_INDEX, ROW_TASK_INDEX, row_report, row_terminal
 from ng_otel.otel import names
 
 MAX_SHOWN_REASON = 160  # a tree line is for a glance; the full reason is in the trace
@@ -76,10 +76,23 @@ def groups_from_rows(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup 
 
 def _row_title(number: int, row: Mapping[str, Any]) -> str:
     parts = [f"line {number}"]
-    for key in ("scenario", "task_id", "episode_id", "status", "trace_id"):
-        if key in row and isinstance(row[key], (str, int)):
-            parts.append(f"{key} {row[key]}")
+    for key, label in _TITLE_KEYS:
+        if key in row and isinstance(row[key], (str, int)) and not isinstance(row[key], bool):
+            parts.append(f"{label} {row[key]}")
+    if row_terminal(row):
+        parts.append("terminal")
     return " · ".join(parts)
+
+
+_TITLE_KEYS = (
+    ("scenario", "scenario"),
+    ("task_id", "task_id"),
+    (ROW_TASK_INDEX, "task"),
+    (ROW_ROLLOUT_INDEX, "rollout"),
+    ("episode_id", "episode_id"),
+    ("status", "status"),
+    ("trace_id", "trace_id"),
+)
 
 
 def _group_of(title: str, report: FailureReport) -> FailureGroup:

@@ -15,14 +15,13 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ng_otel.contract.kinds import FAILURE_KINDS, is_namespaced, is_registered
-from ng_otel.contract.records import ROW_EVENTS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -159,17 +158,16 @@ def show_kinds(console: Console, check: Path | None) -> int:
 
 
 def _kinds_in(path: Path) -> Iterator[tuple[int, str]]:
+    from ng_otel.contract.rows import row_report
+
     with path.open(encoding="utf-8") as stream:
         for number, text in enumerate(stream, start=1):
             try:
-                row = json.loads(text)
+                report = row_report(json.loads(text))
             except ValueError:
                 continue
-            events: Any = row.get(ROW_EVENTS) if isinstance(row, dict) else None
-            if isinstance(events, dict):
-                for record in events.values():
-                    if isinstance(record, dict) and isinstance(record.get("failure_kind"), str):
-                        yield number, record["failure_kind"]
+            for record in report.events.values() if report is not None else ():
+                yield number, record["failure_kind"]
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 
 Rows keep the contract's keys (``_ng_failure_events``, ``_ng_failure_id``,
 ``_ng_failure_events_omitted``) plus ``_ng_failure_contexts``, the span contexts the events
-were exported on, so a replayed chain has the live chain's shape and links to it.
+were exported on, so a replayed chain has the live chain's shape and links to it. Replay and
+``row_report`` also read NeMo Gym 0.7.0's rows (its ``_failures.jsonl`` sidecar and judge
+rows), one event each.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from opentelemetry.trace import Link, Span, SpanContext
 
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import FailureReport
+from ng_otel.contract.rows import row_report
 from ng_otel.otel import names
 from ng_otel.otel.links import decode_context_map, format_span_context
 from ng_otel.otel.recorder import get_recorder, is_enabled
@@ -40,22 +43,6 @@ def report_row(report: FailureReport | None, contexts: Mapping[str, SpanContext]
     if contexts:
         row[names.ROW_CONTEXTS] = {event_id: format_span_context(ctx) for event_id, ctx in contexts.items()}
     return row
-
-
-def row_report(row: Mapping[str, Any]) -> FailureReport | None:
-    """The report a saved row holds, or ``None`` for a row without one (old rows). Raises
-    ``ValueError`` naming what is wrong."""
-    if not isinstance(row, Mapping):
-        raise ValueError("row: must be a JSON object")
-    if ROW_EVENTS not in row and ROW_FAILURE_ID not in row and ROW_OMITTED not in row:
-        return None
-    omitted = row.get(ROW_OMITTED, False)
-    if not isinstance(omitted, bool):
-        raise ValueError(f"{ROW_OMITTED}: must be a boolean")
-    return FailureReport.from_dict(
-        {"events": row.get(ROW_EVENTS, {}), "omitted": omitted}
-        | ({"failure_id": row[ROW_FAILURE_ID]} if row.get(ROW_FAILURE_ID) is not None else {})
-    )
 
 
 def row_contexts(row: Mapping[str, Any]) -> dict[str, SpanContext] | None:
