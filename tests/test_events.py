@@ -4,7 +4,15 @@ import re
 import cloudpickle
 import pytest
 
-from ng_otel.contract.events import MAX_REASON_CHARS, TRUNCATION_MARKER, ForeignError, NgFailureEvent
+from ng_otel.contract.events import (
+    MAX_REASON_CHARS,
+    TRUNCATION_MARKER,
+    ForeignError,
+    NgFailureEvent,
+    gym_chain_records,
+    gym_event_view,
+    is_gym_failure,
+)
 
 
 def model_timeout(**extra):
@@ -115,8 +123,6 @@ def test_reason_at_the_bound_is_kept_and_past_it_is_cut_with_marker_inside_budge
         ({"failure_kind": "Bad Kind"}, "failure_kind"),
         ({"failure_reason": "r" * (MAX_REASON_CHARS + 1)}, "failure_reason"),
         ({"failure_reason": 7}, "failure_reason"),
-        ({"surprise": 1}, "surprise"),
-        ({"foreign_error": {"type": "X", "message": "m", "extra": 1}}, "foreign_error.extra"),
         ({"foreign_error": {"type": "", "message": "m"}}, "foreign_error.type"),
     ],
 )
@@ -124,6 +130,16 @@ def test_from_record_rejects_bad_records_naming_the_field(record, field):
     base = model_timeout().to_record()
     with pytest.raises(ValueError, match=rf"invalid failure record: {re.escape(field)}"):
         NgFailureEvent.from_record({**base, **record})
+
+
+def test_from_record_drops_unknown_keys_and_keeps_the_event():
+    base = model_timeout(foreign_error=ForeignError("openai.APITimeoutError", "slow", 504)).to_record()
+    sent = {
+        **base,
+        "model_failure_details": {"model": "m", "attempts": 3},
+        "foreign_error": {**base["foreign_error"], "sdk_request_id": "req-1"},
+    }
+    assert NgFailureEvent.from_record(sent).to_record() == base
 
 
 def test_ids_are_opaque_to_decoders():
@@ -221,3 +237,96 @@ def test_a_cycle_in_the_cause_chain_ends_the_walk():
     first.__cause__, second.__cause__ = second, first
     assert first.cause_id == second.event_id
     assert len(pickle.loads(pickle.dumps(first)).to_record()) > 0
+
+
+# --- an exception following Gym's documented NgFailureEvent API, not our class ---------------
+
+
+class TheirGymEvent(Exception):
+    """A stand-in for Gym's own NgFailureEvent: the documented API, another class."""
+
+    def __init__(self, kind, reason, *, boundary, event_id, record_extra=None, broken=False):
+        super().__init__(reason)
+        self.failure_kind, self.failure_reason, self.boundary = kind, reason, boundary
+        self.event_id = event_id
+        self.record_extra = record_extra or {}
+        self.broken = broken
+
+    @property
+    def cause_id(self):
+        return "their-own-idea"
+
+    def to_record(self):
+        if self.broken:
+            raise RuntimeError("to_record is broken")
+        record = {
+            "event_id": self.event_id,
+            "boundary": self.boundary,
+            "failure_kind": self.failure_kind,
+            "failure_reason": self.failure_reason,
+            "cause_id": "their-own-idea",
+        }
+        return record | self.record_extra
+
+
+def test_an_exception_following_the_api_is_a_gym_failure_and_others_are_not():
+    assert is_gym_failure(model_timeout())
+    assert is_gym_failure(TheirGymEvent("judge_failed", "r", boundary="resources_server", event_id="t1"))
+    assert not is_gym_failure(ValueError("v"))
+    assert not is_gym_failure("not an exception")
+
+    class Hostile(Exception):
+        def __getattr__(self, name):
+            raise RuntimeError(name)
+
+    assert not is_gym_failure(Hostile())
+
+
+def test_their_event_is_our_cause_and_its_cause_is_the_next_gym_event_in_the_chain():
+    bottom = model_timeout()
+    theirs = TheirGymEvent(
+        "judge_failed",
+        "judge down",
+        boundary="resources_server",
+        event_id="their-1",
+        record_extra={"sandbox_failure_details": {"pod": "p"}},
+    )
+    top = raise_chain(
+        bottom, SdkError("overloaded", 503), theirs, NgFailureEvent("agent_run_error", "x", boundary="agent")
+    )
+    assert top.cause_id == "their-1" and top.cause is theirs
+    records = gym_chain_records(top)
+    assert [r["event_id"] for r in records] == [top.event_id, "their-1", bottom.event_id]
+    assert records[1] == {
+        "event_id": "their-1",
+        "boundary": "resources_server",
+        "failure_kind": "judge_failed",
+        "failure_reason": "judge down",
+        "cause_id": bottom.event_id,
+        "foreign_error": {"type": "tests.test_events.SdkError", "message": "overloaded", "http_status": 503},
+    }
+
+
+@pytest.mark.parametrize(
+    "theirs",
+    [
+        TheirGymEvent("judge_failed", "r", boundary="gateway", event_id="t1"),
+        TheirGymEvent("judge_failed", "r" * (MAX_REASON_CHARS + 1), boundary="agent", event_id="t1"),
+        TheirGymEvent("judge_failed", "r", boundary="agent", event_id="has space"),
+        TheirGymEvent("judge_failed", "r", boundary="agent", event_id="t1", broken=True),
+    ],
+)
+def test_their_event_with_an_invalid_record_is_a_foreign_exception_never_an_error(theirs):
+    top = raise_chain(theirs, NgFailureEvent("agent_run_error", "x", boundary="agent"))
+    assert not gym_event_view(theirs)
+    (record,) = gym_chain_records(top)
+    assert "cause_id" not in record
+    assert record["foreign_error"]["type"] == "tests.test_events.TheirGymEvent"
+
+
+def test_a_chain_of_theirs_pickles_into_ours_with_ids_kept():
+    theirs = TheirGymEvent("session_lost", "lost", boundary="environment", event_id="their-2")
+    top = raise_chain(model_timeout(), theirs, NgFailureEvent("agent_run_error", "x", boundary="agent"))
+    again = pickle.loads(pickle.dumps(top))
+    assert isinstance(again.__cause__, NgFailureEvent) and again.__cause__.event_id == "their-2"
+    assert again.to_record() == top.to_record()

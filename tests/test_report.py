@@ -9,7 +9,7 @@ from ng_otel.contract.events import BOUNDARIES, STAGES, NgFailureEvent
 from ng_otel.contract.header import MAX_HEADER_BYTES, OMITTED_VALUE, encode_ascii_json
 from ng_otel.contract.kinds import FAILURE_KINDS
 from ng_otel.contract.report import FailureReport, failure_report_for, find_boundary_failure, rebuild_failure
-from tests.test_events import SdkError, raise_chain
+from tests.test_events import SdkError, TheirGymEvent, raise_chain
 
 
 def three_level_chain():
@@ -91,6 +91,19 @@ def test_rebuild_restores_ids_and_explicit_causes():
     assert rebuild_failure(FailureReport()) is None
 
 
+def test_their_gym_events_are_reported_and_found_like_ours():
+    bottom = NgFailureEvent("transport_timeout", "t", boundary="model")
+    theirs = TheirGymEvent("judge_failed", "judge down", boundary="resources_server", event_id="their-1")
+    top = raise_chain(bottom, theirs, RuntimeError("wrapper"))
+    assert find_boundary_failure(top) is theirs
+    report = failure_report_for(top)
+    assert report.failure_id == "their-1"
+    assert [r["event_id"] for r in report.chain()] == ["their-1", bottom.event_id]
+    broken = TheirGymEvent("judge_failed", "r", boundary="resources_server", event_id="t", broken=True)
+    assert find_boundary_failure(raise_chain(broken, RuntimeError("w"))) is None
+    assert failure_report_for(broken) is None
+
+
 def test_find_boundary_failure_looks_only_down_the_explicit_chain():
     bottom = NgFailureEvent("judge_failed", "j", boundary="resources_server")
     assert find_boundary_failure(raise_chain(bottom, KeyError("k"), RuntimeError("r"))) is bottom
@@ -142,7 +155,6 @@ def record(event_id, **extra):
         ({"failure_id": "q", "events": {}}, "failure_id: q is not in the report"),
         ({"events": []}, "events"),
         ({"events": {"a": "not a record"}}, "events.a"),
-        ({"events": {"a": record("a")}, "extra": 1}, "extra"),
         ({"omitted": "yes"}, "omitted"),
         ({"events": {"bad id": record("bad id")}}, "events.bad id"),
     ],
@@ -151,6 +163,24 @@ def test_from_dict_rejects_invalid_reports_naming_the_field(payload, message):
     with pytest.raises(ValueError, match="invalid failure report") as caught:
         FailureReport.from_dict(payload)
     assert message in str(caught.value)
+
+
+def test_unknown_keys_are_dropped_and_every_event_is_kept():
+    sent = {
+        "schema_version": 2,
+        "failure_id": "a",
+        "events": {
+            "a": record("a", cause_id="b", model_failure_details={"model": "m"}),
+            "b": record("b", sandbox_failure_details={"pod": "p"}, foreign_error={"type": "E", "message": "m", "x": 1}),
+        },
+        "model_failure_details": {"a": {"model": "m"}},
+    }
+    report = FailureReport.from_dict(sent)
+    assert report.to_dict() == {
+        "failure_id": "a",
+        "events": {"a": record("a", cause_id="b"), "b": record("b", foreign_error={"type": "E", "message": "m"})},
+    }
+    assert FailureReport.from_header(json.dumps(sent)) == report
 
 
 def test_constructor_validates_like_from_dict():

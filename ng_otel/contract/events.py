@@ -1,8 +1,10 @@
 """``NgFailureEvent``: the one exception a Gym boundary raises and the record it serializes.
 
-Seed: gym-failure-observations.txt. There are no boundary-specific subclasses: callers catch
-``NgFailureEvent`` and select by ``boundary``, ``failure_kind`` and ``operation``. Only the
-explicit chain (``raise ... from``) makes causes; ``__context__`` never does.
+As NeMo Gym Main's "Failure observations" documentation describes it. There are no
+boundary-specific subclasses: callers catch ``NgFailureEvent`` and select by ``boundary``,
+``failure_kind`` and ``operation``. Only the explicit chain (``raise ... from``) makes causes;
+``__context__`` never does. An exception of another class that follows the same documented API
+(``is_gym_failure``) is a Gym event in every chain walked here.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, Protocol, cast
 
 from pydantic import ConfigDict, Field, StrictInt, StrictStr, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, TypedDict
@@ -42,8 +44,13 @@ _Status = Annotated[StrictInt, Field(ge=HTTP_STATUS_MIN, le=HTTP_STATUS_MAX)]
 _Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
 
 
+# Readers are tolerant: a key this version does not know (Gym Main documents details beside an
+# event's fields) is dropped on decode, never exported or forwarded; known fields stay strict.
+READ_CONFIG: Final = ConfigDict(extra="ignore", strict=True)
+
+
 class ForeignErrorRecord(TypedDict):
-    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
+    __pydantic_config__ = READ_CONFIG  # type: ignore[misc]
     type: Annotated[StrictStr, Field(min_length=1, max_length=MAX_TYPE_CHARS)]
     message: Annotated[StrictStr, Field(max_length=MAX_REASON_CHARS)]
     http_status: NotRequired[_Status]
@@ -52,7 +59,7 @@ class ForeignErrorRecord(TypedDict):
 class FailureRecord(TypedDict):
     """The wire form of one event (``to_record()``); absent evidence is an absent key."""
 
-    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
+    __pydantic_config__ = READ_CONFIG  # type: ignore[misc]
     event_id: _Id
     boundary: Boundary
     failure_kind: Annotated[StrictStr, Field(max_length=MAX_KIND_CHARS, pattern=KIND_PATTERN)]
@@ -206,14 +213,15 @@ class NgFailureEvent(Exception):
         return f"NgFailureEvent({self.failure_kind!r}, boundary={self.boundary!r}, event_id={self.event_id!r})"
 
     @property
-    def cause(self) -> NgFailureEvent | None:
-        """The nearest Gym event in the explicit chain below this one."""
-        return _explicit_gym_cause(self)[0]
+    def cause(self) -> GymFailure | None:
+        """The nearest Gym event in the explicit chain below this one (ours or one following
+        the same API)."""
+        return _next_gym_event(self)[1]
 
     @property
     def cause_id(self) -> str | None:
         """The event id of the explicit cause (or the one a decoded record named)."""
-        cause = self.cause
+        cause = _next_gym_event(self)[0]
         return cause.event_id if cause is not None else self._recorded_cause_id
 
     @property
@@ -221,18 +229,14 @@ class NgFailureEvent(Exception):
         """The given one, or facts from the nearest foreign exception below this event."""
         if self._foreign_error is not None:
             return self._foreign_error
-        foreign = _explicit_gym_cause(self)[1]
+        foreign = _next_gym_event(self)[2]
         return ForeignError.from_exception(foreign) if foreign is not None else None
 
     def to_record(self) -> dict[str, Any]:
-        """The record of DESIGN 2.2, keys with no value left out."""
-        cause, foreign = _explicit_gym_cause(self)
-        if self._foreign_error is not None:
-            foreign_error: ForeignError | None = self._foreign_error
-        else:
-            foreign_error = ForeignError.from_exception(foreign) if foreign is not None else None
+        """The record of the contract, keys with no value left out."""
+        cause, _, foreign = _next_gym_event(self)
         cause_id = cause.event_id if cause is not None else self._recorded_cause_id
-        return self._record(cause_id, foreign_error)
+        return self._record(cause_id, _foreign_of(self, foreign))
 
     def _record(self, cause_id: str | None, foreign_error: ForeignError | None) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -308,17 +312,68 @@ def walk_explicit_chain(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__
 
 
-def _explicit_gym_cause(event: BaseException) -> tuple[NgFailureEvent | None, BaseException | None]:
-    """(nearest Gym event below ``event``, nearest foreign exception between them)."""
+class GymFailure(Protocol):
+    """What Gym Main documents of ``NgFailureEvent``: any exception with these is a Gym event."""
+
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def failure_kind(self) -> str: ...
+    @property
+    def boundary(self) -> str: ...
+    @property
+    def cause_id(self) -> str | None: ...
+    def to_record(self) -> Mapping[str, Any]: ...
+
+
+_GYM_API: Final = ("event_id", "failure_kind", "boundary", "cause_id")
+
+
+def is_gym_failure(error: object) -> bool:
+    """True for an ``NgFailureEvent`` or any exception following its documented API
+    (``to_record()``, ``event_id``, ``failure_kind``, ``boundary``, ``cause_id``): Gym's own
+    class, or another package's. Never raises."""
+    if isinstance(error, NgFailureEvent):
+        return True
+    if not isinstance(error, BaseException):
+        return False
+    try:
+        return callable(getattr(error, "to_record", None)) and all(hasattr(error, name) for name in _GYM_API)
+    except Exception:  # a hostile __getattr__ makes it a foreign exception, never our error
+        return False
+
+
+def gym_event_view(error: BaseException) -> NgFailureEvent | None:
+    """``error`` as an ``NgFailureEvent``: itself when it is one; for another class following
+    the API, an event decoded from its ``to_record()`` (unknown keys dropped, known fields
+    validated); ``None`` for a foreign exception, including one whose record is invalid."""
+    if isinstance(error, NgFailureEvent):
+        return error
+    if not is_gym_failure(error):
+        return None
+    try:
+        valid = RECORD_ADAPTER.validate_python(cast(GymFailure, error).to_record())
+    except Exception:  # invalid or raising to_record(): a foreign exception, not our caller's error
+        return None
+    validate_failure_kind(valid["failure_kind"])
+    return NgFailureEvent._from_valid_record(valid)
+
+
+def _next_gym_event(
+    event: BaseException,
+) -> tuple[NgFailureEvent | None, GymFailure | None, BaseException | None]:
+    """(nearest Gym event below ``event`` as an ``NgFailureEvent``, that exception itself, the
+    nearest foreign exception between them)."""
     foreign: BaseException | None = None
     chain = walk_explicit_chain(event)
     next(chain)
     for error in chain:
-        if isinstance(error, NgFailureEvent):
-            return error, foreign
+        view = gym_event_view(error)
+        if view is not None:
+            return view, cast(GymFailure, error), foreign
         if foreign is None:
             foreign = error
-    return None, foreign
+    return None, None, foreign
 
 
 def gym_chain_records(error: BaseException) -> list[dict[str, Any]]:
@@ -326,16 +381,18 @@ def gym_chain_records(error: BaseException) -> list[dict[str, Any]]:
 
     Each event's ``cause_id`` is the next Gym event; a foreign exception supplies the
     ``foreign_error`` of the nearest Gym event above it; foreign exceptions above every Gym
-    event are dropped (there is no boundary to attribute them to).
+    event are dropped (there is no boundary to attribute them to). An exception following
+    ``NgFailureEvent``'s API counts as a Gym event (``gym_event_view``).
     """
     records: list[dict[str, Any]] = []
     pending: NgFailureEvent | None = None
     foreign: BaseException | None = None
     for current in walk_explicit_chain(error):
-        if isinstance(current, NgFailureEvent):
+        view = gym_event_view(current)
+        if view is not None:
             if pending is not None:
-                records.append(pending._record(current.event_id, _foreign_of(pending, foreign)))
-            pending, foreign = current, None
+                records.append(pending._record(view.event_id, _foreign_of(pending, foreign)))
+            pending, foreign = view, None
         elif pending is not None and foreign is None:
             foreign = current
     if pending is not None:

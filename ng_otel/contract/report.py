@@ -1,26 +1,31 @@
-"""``FailureReport``: every failure a reply knows of, keyed by event id (DESIGN 2.3).
+"""``FailureReport``: every failure a reply knows of, keyed by event id.
 
-Seed: gym-failure-observations.txt. A report holds the request's own chain (``failure_id``
-names its top), failures recovered while serving the request, and events forwarded by
-downstream Gym replies, ids preserved. It is validated whole on decode: keys match ids, every
-``cause_id`` resolves inside it, and causes form no cycle.
+As NeMo Gym Main's "Failure observations" documentation describes it. A report holds the
+request's own chain (``failure_id`` names its top), failures recovered while serving the
+request, and events forwarded by downstream Gym replies, ids preserved. It is validated whole
+on decode: keys match ids, every ``cause_id`` resolves inside it, and causes form no cycle.
+The reader is tolerant: keys it does not know, at the top or inside an event, are dropped
+(never exported, never forwarded as ours); only an invalid known field rejects the report.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, cast
 
-from pydantic import ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
+from pydantic import Field, StrictBool, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, TypedDict
 
 from ng_otel.contract.events import (
     ID_PATTERN,
+    READ_CONFIG,
     FailureRecord,
+    GymFailure,
     NgFailureEvent,
     describe_validation_error,
     gym_chain_records,
+    gym_event_view,
     link_records,
     walk_explicit_chain,
 )
@@ -39,7 +44,7 @@ _Id = Annotated[str, Field(pattern=ID_PATTERN)]
 
 
 class _ReportPayload(TypedDict):
-    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
+    __pydantic_config__ = READ_CONFIG  # type: ignore[misc]
     failure_id: NotRequired[_Id]
     events: NotRequired[Annotated[dict[_Id, FailureRecord], Field(max_length=MAX_REPORT_EVENTS)]]
     omitted: NotRequired[StrictBool]
@@ -122,7 +127,8 @@ class FailureReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FailureReport:
-        """Validate a decoded report; raises ``ValueError`` naming the field that is wrong."""
+        """Validate a decoded report, dropping keys it does not know; raises ``ValueError``
+        naming the known field that is wrong."""
         valid = _validated(lambda: _PAYLOAD_ADAPTER.validate_python(data))
         return cls._from_payload(valid)
 
@@ -139,7 +145,8 @@ class FailureReport:
 
     @classmethod
     def from_header(cls, value: str | bytes) -> FailureReport:
-        """Decode and validate a header value; raises ``ValueError`` naming what is wrong."""
+        """Decode and validate a header value (unknown keys dropped); raises ``ValueError``
+        naming what is wrong."""
         text = check_header_value(value, REPORT_HEADER)
         valid = _validated(lambda: _PAYLOAD_ADAPTER.validate_json(text))
         return cls._from_payload(valid)
@@ -219,7 +226,8 @@ def _check_acyclic(events: Mapping[str, Mapping[str, Any]]) -> None:
 
 def failure_report_for(error: BaseException) -> FailureReport | None:
     """The report of ``error``'s explicit ``__cause__`` chain, or ``None`` when no Gym event
-    is in it. ``failure_id`` is the first Gym event; implicit context is never followed."""
+    is in it. ``failure_id`` is the first Gym event; implicit context is never followed. An
+    exception of another class that follows ``NgFailureEvent``'s API is a Gym event too."""
     records = gym_chain_records(error)
     if not records:
         return None
@@ -244,9 +252,11 @@ def rebuild_failure(report: FailureReport) -> NgFailureEvent | None:
     return link_records([dict(record) for record in chain])
 
 
-def find_boundary_failure(error: BaseException) -> NgFailureEvent | None:
-    """The first ``NgFailureEvent`` in ``error``'s explicit chain, ``error`` included."""
+def find_boundary_failure(error: BaseException) -> GymFailure | None:
+    """The first Gym event in ``error``'s explicit chain, ``error`` included: an
+    ``NgFailureEvent``, or an exception of another class following its API whose record is
+    valid (returned as itself)."""
     for current in walk_explicit_chain(error):
-        if isinstance(current, NgFailureEvent):
-            return current
+        if gym_event_view(current) is not None:
+            return cast(GymFailure, current)
     return None
