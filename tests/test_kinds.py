@@ -1,7 +1,9 @@
+import ast
 import logging
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +88,27 @@ def test_contract_imports_no_telemetry_or_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_contract_code_imports_only_the_standard_library_pydantic_typing_extensions_and_orjson():
+    allowed = set(sys.stdlib_module_names) | {"pydantic", "typing_extensions", "orjson", "ng_otel"}
+    contract = Path(kinds.__file__).parent
+    imported = {}
+    for path in contract.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                # Inside the package only the contract itself: never ng_otel.otel or the adapters.
+                top = (
+                    name
+                    if name.startswith("ng_otel.") and not name.startswith("ng_otel.contract")
+                    else name.split(".")[0]
+                )
+                imported.setdefault(top, set()).add(path.name)
+    assert {top: files for top, files in imported.items() if top not in allowed} == {}
+    assert {"pydantic", "orjson"} <= set(imported)

@@ -1,5 +1,7 @@
-"""The Gym failure contract (DESIGN section 2): standard library, pydantic and orjson only, so
-data tooling can read failure records without a server or telemetry stack."""
+"""The Gym failure contract: standard library, pydantic, typing_extensions and orjson only, so
+data tooling can read failure records without a server or telemetry stack. docs/contract.md
+says which parts follow released NeMo Gym code, which Gym Main's documentation, and which are
+ng_otel's own."""
 
 from ng_otel.contract.classify import (
     FailureClass,
@@ -7,7 +9,7 @@ from ng_otel.contract.classify import (
     classify_failure,
     http_status_is_infra,
 )
-from ng_otel.contract.events import BOUNDARIES, STAGES, ForeignError, NgFailureEvent
+from ng_otel.contract.events import BOUNDARIES, STAGES, ForeignError, GymFailure, NgFailureEvent, is_gym_failure
 from ng_otel.contract.header import MAX_HEADER_BYTES, REPORT_HEADER
 from ng_otel.contract.kinds import FAILURE_KINDS, is_namespaced, is_registered, validate_failure_kind
 from ng_otel.contract.records import (
@@ -17,6 +19,7 @@ from ng_otel.contract.records import (
     EpisodeFailure,
     EpisodeId,
     InvalidRolloutResult,
+    RolloutFailure,
     RolloutFailureRecord,
     StaleRolloutResult,
     VerifyOutcome,
@@ -38,8 +41,10 @@ __all__ = [
     "FailureClassifier",
     "FailureReport",
     "ForeignError",
+    "GymFailure",
     "InvalidRolloutResult",
     "NgFailureEvent",
+    "RolloutFailure",
     "RolloutFailureRecord",
     "StaleRolloutResult",
     "VerifyOutcome",
@@ -47,6 +52,7 @@ __all__ = [
     "failure_report_for",
     "find_boundary_failure",
     "http_status_is_infra",
+    "is_gym_failure",
     "is_namespaced",
     "is_registered",
     "rebuild_failure",

@@ -1,10 +1,11 @@
 """INFRA vs DATA: which failures are the fleet's and which are the request's.
 
-Seed: nemo-rl-experience-failures-api.txt. 5xx and the retriable 4xx are infrastructure;
-any other status describes the request; anything unrecognised is DATA, so an unexpected
-failure surfaces loudly instead of being retried into silence. The classification lives
-apart from the vocabulary (the registry carries no policy), and a user can supply their own
-``FailureClassifier``.
+As NeMo-RL's ``nemo_rl/experience/failures.py`` decides it: 5xx and the retriable 4xx (408,
+429; ``http_status_is_infra``) are infrastructure; any other status describes the request; a
+terminal episode failure is DATA (the environment decided another attempt would not help);
+anything unrecognised is DATA, so an unexpected failure surfaces loudly instead of being
+retried into silence. The classification lives apart from the vocabulary (the registry
+carries no policy), and a user can supply their own ``FailureClassifier``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class FailureClass(str, enum.Enum):
     DATA = "data"
 
 
-RETRIABLE_HTTP_STATUSES: Final[frozenset[int]] = frozenset({408, 425, 429})
+RETRIABLE_HTTP_STATUSES: Final[frozenset[int]] = frozenset({408, 429})
 INFRA_KIND_PREFIXES: Final[tuple[str, ...]] = ("transport_", "provider_", "session_")
 INFRA_KINDS: Final[frozenset[str]] = frozenset(
     {
@@ -47,16 +48,23 @@ def http_status_is_infra(status: int) -> bool:
 
 @dataclass(frozen=True)
 class FailureClassifier:
-    """Classify by the event's ``http_status`` when present, otherwise by its kind."""
+    """Classify a terminal episode failure as DATA; otherwise by the event's ``http_status``
+    when present, else by its kind."""
 
     infra_kinds: frozenset[str] = INFRA_KINDS
     infra_kind_prefixes: tuple[str, ...] = INFRA_KIND_PREFIXES
     retriable_statuses: frozenset[int] = field(default=RETRIABLE_HTTP_STATUSES)
 
-    def classify(self, failure_kind: str, http_status: int | None = None) -> FailureClass:
+    def classify(
+        self, failure_kind: str | None, http_status: int | None = None, *, terminal: bool = False
+    ) -> FailureClass:
+        if terminal:
+            return FailureClass.DATA
         if http_status is not None:
             infra = http_status >= 500 or http_status in self.retriable_statuses
             return FailureClass.INFRA if infra else FailureClass.DATA
+        if failure_kind is None:
+            return FailureClass.DATA
         if failure_kind in self.infra_kinds:
             return FailureClass.INFRA
         # Namespaced kinds contain ':' and never match a shared prefix's domain.
@@ -68,6 +76,9 @@ class FailureClassifier:
 DEFAULT_CLASSIFIER: Final = FailureClassifier()
 
 
-def classify_failure(failure_kind: str, http_status: int | None = None) -> FailureClass:
-    """``DEFAULT_CLASSIFIER.classify``: INFRA or DATA for one event's kind and status."""
-    return DEFAULT_CLASSIFIER.classify(failure_kind, http_status)
+def classify_failure(
+    failure_kind: str | None, http_status: int | None = None, *, terminal: bool = False
+) -> FailureClass:
+    """``DEFAULT_CLASSIFIER.classify``: INFRA or DATA for one failure's kind, status and
+    terminal decision (an ``EpisodeFailure``'s ``terminal``)."""
+    return DEFAULT_CLASSIFIER.classify(failure_kind, http_status, terminal=terminal)

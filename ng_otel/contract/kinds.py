@@ -1,4 +1,9 @@
-"""The shared failure-kind vocabulary (seed: gym-pr-2728-failure-kind-registry.txt, #3213).
+"""The shared failure-kind vocabulary, as NeMo Gym's ``nemo_gym/failure_kinds.py`` defines it.
+
+NeMo Gym 0.7.0 registers 22 of these names; ``environment_server_failed`` (0.7.0 rollout
+collection's failure class for a failure the environment server reported) and
+``protocol_violation`` (what ng_otel records for a peer's invalid report) are registered here
+too, so they are labels of their own rather than ``_other``.
 
 A kind says what went wrong and nothing else: retryability, masking and policy belong to
 the occurrence, so the registry carries no per-kind metadata. Names are
