@@ -12,8 +12,10 @@ from ng_otel.otel.failure_log import close_failure_log, open_failure_log
 from ng_otel.testing import capture_failures
 from tests.test_asgi import call
 
+IDENTITY = {"episode_id": {"rollout_id": "task-1", "attempt": 0}, "task_id": {"taskset": "s", "task_id": "t"}}
 
-def run_episode():
+
+def run_episode(response=None):
     """An environment handling a lost session, then a failing cleanup, inside one request."""
     log, token = open_failure_log()
     try:
@@ -25,33 +27,67 @@ def run_episode():
                 "session_lost", "session lost", stage="agent", terminal=True, partial={"steps": 2}, cause=err
             )
         late = handled_episode_failure("session_release_failed", "release failed", stage="cleanup", terminal=False)
-        return episode_response({"trajectory": ["a"]}), cause, lost, late, log.report
+        answer = episode_response(response if response is not None else {**IDENTITY, "result": {"trajectory": ["a"]}})
+        return answer, cause, lost, late, log.report
     finally:
         close_failure_log(token)
 
 
-def test_episode_response_has_the_four_field_envelope_and_the_report_beside_it():
+def test_episode_response_carries_the_failure_under_failure_and_the_report_beside_it():
     with capture_failures() as telemetry, telemetry.tracer.start_as_current_span("POST /episode"):
         response, cause, lost, late, _ = run_episode()
-    assert response["trajectory"] == ["a"]
-    assert response["episode_failure"] == {
+    assert set(response) == {"episode_id", "task_id", "result", "failure", "failure_report"}
+    assert response["result"] is None  # a terminal failure is the answer: exactly one of the two
+    assert response["failure"] == {
         "failure_reason": "session lost",
         "terminal": True,
         "failure_kind": "session_lost",
         "stage": "agent",
     }
-    assert set(response["episode_failure"]) == set(EpisodeFailure.model_fields)
+    assert set(response["failure"]) == set(EpisodeFailure.model_fields)
     report = FailureReport.from_dict(response["failure_report"])
     assert report.failure_id == lost.event_id
     assert set(report.events) == {cause.event_id, lost.event_id, late.event_id}
     assert report.events[lost.event_id]["cause_id"] == cause.event_id
-    assert response["partial"] == [{"steps": 2}]
+    assert "partial" not in response  # upstream's response and v1 failure reject unknown keys
 
 
 def test_the_envelope_never_borrows_a_causes_kind():
     with capture_failures():
         response, *_ = run_episode()
-    assert response["episode_failure"]["failure_kind"] == "session_lost"  # not transport_peer_drop
+    assert response["failure"]["failure_kind"] == "session_lost"  # not transport_peer_drop
+
+
+def test_an_unkinded_handled_failure_leaves_kind_out_of_the_envelope():
+    with capture_failures():
+        event = handled_episode_failure("agent_timeout", "slow", stage="agent", terminal=False)
+        response = episode_response(IDENTITY)
+    assert response["failure"] == {
+        "failure_reason": "slow",
+        "terminal": False,
+        "failure_kind": "agent_timeout",
+        "stage": "agent",
+    }
+    assert FailureReport.from_dict(response["failure_report"]).events.keys() == {event.event_id}
+
+
+def test_a_result_with_only_a_failed_cleanup_keeps_its_result_and_reports_the_cleanup():
+    with capture_failures():
+        late = handled_episode_failure("session_release_failed", "release failed", stage="cleanup", terminal=False)
+        response = episode_response({**IDENTITY, "result": {"reward": 1.0}})
+    assert response["result"] == {"reward": 1.0} and "failure" not in response
+    report = FailureReport.from_dict(response["failure_report"])
+    assert report.failure_id is None and set(report.events) == {late.event_id}
+
+
+def test_the_report_can_be_left_out_for_a_response_model_that_does_not_declare_it():
+    with capture_failures():
+        response, *_ = run_episode({**IDENTITY, "result": None})
+    assert "failure_report" in response
+    with capture_failures():
+        handled_episode_failure("session_lost", "lost", stage="agent", terminal=True)
+        bare = episode_response(IDENTITY, with_report=False)
+    assert set(bare) == {"episode_id", "task_id", "result", "failure"}
 
 
 def test_handled_failures_reach_telemetry_once_without_error_status():
@@ -67,7 +103,7 @@ def test_handled_failures_reach_telemetry_once_without_error_status():
 
 
 def test_without_a_handled_failure_the_response_is_unchanged():
-    assert episode_response({"reward": 1.0}) == {"reward": 1.0}
+    assert episode_response({**IDENTITY, "result": {"reward": 1.0}}) == {**IDENTITY, "result": {"reward": 1.0}}
 
 
 @pytest.mark.parametrize(
@@ -82,6 +118,9 @@ def test_without_a_handled_failure_the_response_is_unchanged():
         ({"reward": 0.5, "failure_kind": "judge_unparseable"}, False, "judge_unparseable", True),
         ({"reward": 0.0}, False, "none", False),
         ({"reward": 0.0, "mask_sample": True}, True, "none", False),
+        ({"reward": 0.0, "mask_sample": 1, "failure_kind": "browser_crashed"}, True, "browser_crashed", True),
+        ({"reward": 0, "instance_config": {"mask_sample": True}}, True, "none", False),
+        ({"reward": 0.0, "failure_kind": "Not A Kind"}, False, "_invalid", False),
     ],
 )
 def test_every_verify_response_counts_once_and_a_named_kind_becomes_an_event(response, masked, kind, event):
@@ -125,14 +164,23 @@ def test_reward_is_never_a_label_or_a_metric():
         [],
         {"reward": "NaN please"},
         {"reward": 0.0, "mask_sample": "maybe"},
-        {"reward": 0.0, "failure_kind": "Not A Kind"},
+        {"reward": 0.0, "failure_kind": 7},
         {"reward": 0.0, "failure_reason": 7},
     ],
 )
-def test_hostile_verify_bodies_never_raise_and_count_nothing(hostile):
+def test_bodies_base_verify_response_rejects_never_raise_and_count_nothing(hostile):
     with capture_failures() as telemetry:
         assert record_verify_outcome(hostile) is None
     assert telemetry.metric_points("ng.verify.outcomes") == []
+
+
+def test_odd_kinds_past_the_guards_limit_are_still_counted_under_other():
+    with capture_failures(max_kinds=1) as telemetry:
+        for kind in ("odd_one", "odd_two", "odd_three"):
+            assert record_verify_outcome({"reward": 0.0, "mask_sample": True, "failure_kind": kind}) is not None
+    points = {p["attributes"]["ng.failure.kind"]: p["value"] for p in telemetry.metric_points("ng.verify.outcomes")}
+    assert points == {"odd_one": 1, "_other": 2}
+    assert len(telemetry.failure_events()) == 3  # events keep the raw kind
 
 
 def test_huge_reasons_are_bounded_on_the_event():

@@ -1,10 +1,13 @@
 """Failures that are returned, not raised: handled episode failures and verify outcomes.
 
-Seeds: gym-failure-observations.txt (``handled_episode_failure``, the v1 ``EpisodeFailure``
-with ``failure_report`` beside it) and gym-pr-2611-mask-sample.txt (``reward``,
-``mask_sample``, ``failure_kind``, ``failure_reason`` are orthogonal; a masked sample is a
-failure of measurement, not a zero score). Both reach the same telemetry and reports as
-raised failures, without an error status on the span: the operation itself succeeded.
+Handled episode failures as Gym Main's "Failure observations" documentation describes them
+(``handled_episode_failure``; the v1 ``EpisodeFailure`` under ``failure`` in NeMo Gym 0.7.0
+``nemo_gym/episode_types.py``'s ``BaseEpisodeResponse``, with ``failure_report`` beside it).
+Verify outcomes as 0.7.0 ``nemo_gym/base_resources_server.py``'s ``BaseVerifyResponse``
+carries them (``reward``, ``mask_sample``, ``failure_kind``, ``failure_reason`` are orthogonal;
+a masked sample is a failure of measurement, not a zero score). Both reach the same telemetry
+and reports as raised failures, without an error status on the span: the operation itself
+succeeded.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ng_otel.contract.events import NgFailureEvent
+from ng_otel.contract.kinds import is_well_formed
 from ng_otel.contract.records import EpisodeFailure, VerifyOutcome
 from ng_otel.contract.report import FailureReport, failure_report_for
 from ng_otel.otel import names
@@ -28,7 +32,8 @@ NO_REASON = "verify named a failure_kind without a failure_reason"
 
 @dataclass(frozen=True)
 class HandledFailure:
-    """An environment's handled failure with its local decision and evidence, kept apart."""
+    """An environment's handled failure with its local decision and evidence, kept apart.
+    ``partial`` stays here: the v1 response has no field for it."""
 
     event: NgFailureEvent
     terminal: bool
@@ -55,7 +60,9 @@ def handled_episode_failure(
     Pass ``cause=err`` inside ``except ... as err`` for the explicit cause. The first terminal
     failure becomes the reply's own failure; later ones (cleanup) are reported beside it. The
     event's fields are validated like any ``NgFailureEvent`` (``ValueError`` for a bad kind or
-    stage: a bug at the call site); recording never raises.
+    stage: a bug at the call site); recording never raises. ``partial`` evidence is the
+    environment's to place in its own protocol: NeMo Gym 0.7.0's ``BaseEpisodeResponse`` and
+    v1 ``EpisodeFailure`` reject unknown keys, so ``episode_response`` never writes it.
     """
     event = NgFailureEvent(
         failure_kind, failure_reason, boundary=boundary, stage=stage, http_status=http_status, operation=operation
@@ -69,32 +76,41 @@ def handled_episode_failure(
     return event
 
 
-def episode_response(result: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The environment's response after cleanup: ``result`` plus, when a failure was handled,
-    the v1 ``episode_failure`` (exactly its four fields, the kind its own, never a cause's),
-    ``failure_report`` beside it (late cleanup failures included) and ``partial`` evidence.
-    It consumes the handled failures: call it once, after cleanup."""
-    response = dict(result or {})
+def episode_response(response: Mapping[str, Any] | None = None, *, with_report: bool = True) -> dict[str, Any]:
+    """The environment's episode response after cleanup, shaped as NeMo Gym 0.7.0's
+    ``BaseEpisodeResponse`` (``episode_id``, ``task_id``, exactly one of ``result`` and
+    ``failure``), with the failures handled while serving it.
+
+    Without a handled failure ``response`` comes back unchanged. A response that keeps a
+    ``result`` and handled only non-terminal failures (a failed cleanup) keeps its result.
+    Otherwise the first terminal (else the first) handled failure is the answer: ``failure``
+    is its v1 ``EpisodeFailure`` (four fields, the kind its own, never a cause's) and
+    ``result`` is null. Either way ``failure_report`` beside it holds every handled failure,
+    late cleanup ones included; ``with_report=False`` leaves it out for a response model that
+    does not declare it (0.7.0's forbids unknown keys; the reply header still carries the
+    report). It consumes the handled failures: call it once, after cleanup."""
+    answer = dict(response or {})
     handled = _handled.get()
     if not handled:
-        return response
+        return answer
     _handled.set(())  # the episode is answered: its failures go with this response only
-    decisive = next((item for item in handled if item.terminal), handled[0])
-    event = decisive.event
-    envelope = EpisodeFailure(
-        failure_reason=event.failure_reason,
-        terminal=decisive.terminal,
-        failure_kind=event.failure_kind,
-        stage=event.stage,
-    )
-    response["episode_failure"] = envelope.model_dump(mode="json")
-    log = current_failure_log()
-    report = log.report if log else _report_of(handled, decisive)
-    response["failure_report"] = report.to_dict()
-    evidence = [item.partial for item in handled if item.partial is not None]
-    if evidence:
-        response["partial"] = evidence
-    return response
+    terminal = next((item for item in handled if item.terminal), None)
+    decisive = terminal or handled[0]
+    if terminal is not None or answer.get("result") is None:
+        event = decisive.event
+        envelope = EpisodeFailure(
+            failure_reason=event.failure_reason,
+            terminal=decisive.terminal,
+            failure_kind=event.failure_kind,
+            stage=event.stage,
+        )
+        answer["result"] = None
+        answer["failure"] = envelope.model_dump(mode="json")
+    if with_report:
+        log = current_failure_log()
+        report = log.report if log else _report_of(handled, decisive)
+        answer["failure_report"] = report.to_dict()
+    return answer
 
 
 def _report_of(handled: tuple[HandledFailure, ...], decisive: HandledFailure) -> FailureReport:
@@ -109,9 +125,13 @@ def _report_of(handled: tuple[HandledFailure, ...], decisive: HandledFailure) ->
 def record_verify_outcome(response: Any) -> VerifyOutcome | None:
     """Count one verify response in ``ng.verify.outcomes`` (masked or not, by kind or
     ``none``), and record a named ``failure_kind`` as an ``ng.failure`` event with
-    ``ng.verify.masked``. The reward is never a label nor a metric. Returns the outcome read,
-    ``None`` for a body that is not a verify response. Call it once per response (the ASGI
-    middleware does, on ``/verify``). Never raises."""
+    ``ng.verify.masked``. Read as ``BaseVerifyResponse`` reads it: an unregistered kind warns
+    and is counted under the guard's bounded label (``_other`` past the limit, ``_invalid``
+    for a malformed one, which no event can carry); ``mask_sample`` takes lax booleans, and
+    when absent the older ``instance_config.mask_sample`` decides. The reward is never a label
+    nor a metric. Returns the outcome read, ``None`` for a body ``BaseVerifyResponse`` would
+    reject. Call it once per response (the ASGI middleware does, on ``/verify``). Never
+    raises."""
     if not is_enabled():
         return None
     try:
@@ -122,7 +142,7 @@ def record_verify_outcome(response: Any) -> VerifyOutcome | None:
     kind = outcome.failure_kind
     label = recorder.kinds.label(kind) if kind is not None else names.VERIFY_NO_KIND
     recorder.verify_outcomes.add(1, {names.VERIFY_MASKED: outcome.mask_sample, names.KIND: label})
-    if kind is not None:
+    if kind is not None and is_well_formed(kind):
         event = NgFailureEvent(
             kind,
             outcome.failure_reason or NO_REASON,
