@@ -146,7 +146,7 @@ def main(requests: int = 3000) -> bool:
 
 
 RECEIVER = (
-    "import time; from ng_otel._otlp_receiver import OtlpReceiver; r = OtlpReceiver().start(); "
+    "import time; from ng_otel.cli.receiver import OtlpReceiver; r = OtlpReceiver().start(); "
     "print(r.http_endpoint, flush=True); time.sleep(3600)"
 )
 

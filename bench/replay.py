@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from ng_otel._show import read_lines
+from ng_otel.cli.show import read_lines
 from ng_otel.contract import NgFailureEvent, failure_report_for
 from ng_otel.integrations.collection import ReplaySummary, replay_row, report_row
 from ng_otel.otel import names

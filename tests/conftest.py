@@ -1,6 +1,6 @@
 import pytest
 
-from ng_otel._otlp_receiver import OtlpReceiver
+from ng_otel.cli.receiver import OtlpReceiver
 
 
 @pytest.fixture

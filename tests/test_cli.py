@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ng_otel._otlp_receiver import OtlpReceiver
+from ng_otel.cli.receiver import OtlpReceiver
 
 NG_OTEL = [sys.executable, "-m", "ng_otel.cli"]
 
@@ -59,7 +59,7 @@ def test_demo_prints_every_chain_as_a_tree_and_saves_the_rows(demo):
         < tree.index("transport_timeout  model")
     )
     assert "└── transport_timeout  model · stage agent · 504" in tree
-    assert "judge call failed  via examples.gym_stack.servers.JudgeSdkError" in stdout
+    assert "judge call failed  via ng_otel.cli.demo_stack.servers.JudgeSdkError" in stdout
     assert "report omitted" in stdout
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert [(row["scenario"], row["status"]) for row in rows] == [

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from examples.gym_stack.stack import gym_stack, run_collection
-from ng_otel._otlp_receiver import OtlpReceiver
+from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
+from ng_otel.cli.receiver import OtlpReceiver
 from ng_otel.contract import FailureReport
 from ng_otel.integrations.collection import row_report
 
@@ -126,12 +126,12 @@ def test_judge_failure_keeps_its_provider_cause_as_foreign_error(run):
     reports, receiver = run.reports, run.receiver
     judge = next(r for r in reports["judge_failed"].events.values() if r["failure_kind"] == "judge_failed")
     assert judge["foreign_error"] == {
-        "type": "examples.gym_stack.servers.JudgeSdkError",
+        "type": "ng_otel.cli.demo_stack.servers.JudgeSdkError",
         "message": "429 Too Many Requests: judge rate limit reached",
         "http_status": 429,
     }
     exported = by_id(receiver)[judge["event_id"]]
-    assert exported["ng.failure.foreign.type"] == "examples.gym_stack.servers.JudgeSdkError"
+    assert exported["ng.failure.foreign.type"] == "ng_otel.cli.demo_stack.servers.JudgeSdkError"
     assert exported["_span"]["service"] == "resources-server"
 
 

@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from examples.gym_stack.stack import gym_stack, run_collection
-from ng_otel._otlp_receiver import OtlpReceiver
+from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
+from ng_otel.cli.receiver import OtlpReceiver
 
 pytestmark = pytest.mark.e2e
 SCENARIOS = ["model_timeout", "retry_recovered", "judge_failed", "ok"]

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from examples.gym_stack.stack import gym_stack, run_collection
+from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
 from ng_otel.integrations.collection import row_report
 
 JAEGER = os.environ.get("NG_OTEL_TEST_JAEGER_URL")

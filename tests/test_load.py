@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from examples.gym_stack.stack import gym_stack, run_collection
-from ng_otel._otlp_receiver import OtlpReceiver
+from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
+from ng_otel.cli.receiver import OtlpReceiver
 
 pytestmark = pytest.mark.e2e
 

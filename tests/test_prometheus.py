@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from examples.gym_stack.stack import ROOT, gym_stack, run_collection
+from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
 from ng_otel.otel import names
 
 pytestmark = pytest.mark.e2e
-RULES_DIR = ROOT / "collector-config" / "prometheus"
+RULES_DIR = Path(__file__).resolve().parents[1] / "collector-config" / "prometheus"
 
 
 def binary(name):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,23 +19,28 @@ from rich.table import Table
 
 from ng_otel.otel import names
 
-ROOT = Path(__file__).resolve().parents[1]
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
 
 
 def run_demo(out: Path, console: Console) -> int:
-    if not (ROOT / "examples" / "gym_stack" / "servers.py").exists():
+    """Run the example stack (shipped in ``ng_otel.cli.demo_stack``) from any folder; its
+    rows, telemetry and logs go under ``out``."""
+    try:
+        import aiohttp  # noqa: F401
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor  # noqa: F401
+    except ImportError as missing:
         console.print(
-            "[red]ng-otel demo runs examples/gym_stack from a source checkout: clone the repository "
-            "and run `make demo` there.[/red]"
+            f"[red]ng-otel demo needs {escape(missing.name or 'its servers')}: pip install 'ng-otel[demo]'[/red]"
         )
         return 2
-    sys.path.insert(0, str(ROOT))
-    from examples.gym_stack.stack import gym_stack, run_collection
-    from ng_otel._otlp_receiver import OtlpReceiver
-    from ng_otel._show import groups_from_rows, read_lines, show
+    from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
+    from ng_otel.cli.receiver import OtlpReceiver
+    from ng_otel.cli.show import groups_from_rows, read_lines, show
 
     started = time.monotonic()
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows_path, telemetry_path = out / "rows.jsonl", out / "telemetry.jsonl"
     external = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -1,5 +1,5 @@
 """Run one server of the stack on an already listening socket:
-python -m examples.gym_stack.serve model --fd 3"""
+python -m ng_otel.cli.demo_stack.serve model --fd 3"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import socket
 
 import uvicorn
 
-from examples.gym_stack.servers import agent_app, model_app, resources_app
+from ng_otel.cli.demo_stack.servers import agent_app, model_app, resources_app
 
 
 def main() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -43,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(highlight=False)
     try:
         if args.command == "demo":
-            from ng_otel._demo import run_demo
+            from ng_otel.cli.demo import run_demo
 
             return run_demo(args.out, console)
         if args.command == "replay":
@@ -59,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def show_file(path: Path, console: Console, *, kind: str | None = None, boundary: str | None = None) -> int:
-    from ng_otel._show import BadLine, groups_from_otlp, groups_from_rows, is_otlp, read_lines, show
+    from ng_otel.cli.show import BadLine, groups_from_otlp, groups_from_rows, is_otlp, read_lines, show
 
     with path.open(encoding="utf-8") as stream:
         lines = read_lines(stream)
@@ -79,7 +78,7 @@ def show_file(path: Path, console: Console, *, kind: str | None = None, boundary
 
 def replay_file(path: Path, console: Console) -> int:
     """Stream the rows through the configured exporters; memory stays flat on any size."""
-    from ng_otel._show import BadLine, read_lines
+    from ng_otel.cli.show import BadLine, read_lines
     from ng_otel.integrations.collection import ReplaySummary, replay_row
     from ng_otel.otel.setup import enable, shutdown
 
@@ -148,7 +147,7 @@ def show_kinds(console: Console, check: Path | None) -> int:
     if not unregistered:
         console.print(f"every failure_kind in {check} is registered or namespaced")
         return EXIT_OK
-    from ng_otel._show import printable
+    from ng_otel.cli.show import printable
 
     table = Table("failure_kind", "count", "first line", title="unregistered failure kinds")
     for kind, count in unregistered.most_common():
@@ -168,7 +167,3 @@ def _kinds_in(path: Path) -> Iterator[tuple[int, str]]:
                 continue
             for record in report.events.values() if report is not None else ():
                 yield number, record["failure_kind"]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @dataclass(frozen=True)
 class StackUrls:
@@ -57,20 +55,18 @@ def gym_stack(
     ``server_env`` adds variables for one server by name (model, resources, agent)."""
     sockets = {name: _listening_socket() for name in ("model", "resources", "agent")}
     urls = {name: f"http://127.0.0.1:{sock.getsockname()[1]}" for name, sock in sockets.items()}
-    child_env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
+    child_env = {**os.environ, **(env or {})}
     processes: list[subprocess.Popen[bytes]] = []
     try:
         for name in ("model", "resources", "agent"):
             fd = sockets[name].fileno()
-            command = [sys.executable, "-m", "examples.gym_stack.serve", name, "--fd", str(fd)]
+            command = [sys.executable, "-m", "ng_otel.cli.demo_stack.serve", name, "--fd", str(fd)]
             if name == "agent":
                 command += ["--model-url", urls["model"], "--resources-url", urls["resources"]]
             output = open(log_dir / f"{name}.log", "wb") if log_dir else subprocess.DEVNULL
             own_env = {**child_env, **(server_env or {}).get(name, {})}
             processes.append(
-                subprocess.Popen(
-                    command, pass_fds=(fd,), env=own_env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT
-                )
+                subprocess.Popen(command, pass_fds=(fd,), env=own_env, stdout=output, stderr=subprocess.STDOUT)
             )
         for name, process in zip(("model", "resources", "agent"), processes, strict=True):
             _wait_healthy(urls[name], process)
@@ -104,7 +100,7 @@ def run_collection(
     command = [
         sys.executable,
         "-m",
-        "examples.gym_stack.collect",
+        "ng_otel.cli.demo_stack.collect",
         "--agent-url",
         agent_url,
         "--out",
@@ -118,8 +114,7 @@ def run_collection(
         command += ["--scenario", scenario]
     done = subprocess.run(
         command,
-        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
