@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test lint bench api clean
+.PHONY: demo test lint bench api clean real-gym
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ test: lint
 	$(BIN)/pytest -q
 	tools/unit-on-pythons.sh
 	tools/lowest-deps.sh
+
+# Only the real-Gym lane: NeMo Gym 0.7.0 in its cached venv (tools/real-gym.sh venv; built from
+# the registry on first use), ng_otel installed there from a freshly built wheel. `make test`
+# runs it too, as part of the whole suite.
+real-gym: $(STAMP)
+	$(BIN)/pytest -q -m real_gym tests/test_real_gym.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

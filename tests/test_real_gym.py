@@ -1,0 +1,838 @@
+"""The real-Gym lane: NeMo Gym 0.7.0 as users run it, with ng_otel from a freshly built wheel.
+
+Every server is a real Gym server class started the way ``gym env start`` starts it: its
+``app.py`` run from a fresh temporary folder by the Gym venv's interpreter, with the global
+config that Gym's own parser resolved in ``NEMO_GYM_CONFIG_DICT`` and the server's name in
+``NEMO_GYM_CONFIG_PATH``, so ``run_webserver`` builds Gym's own middleware stack. ng_otel
+comes only through ``opentelemetry-instrument`` (no ng_otel code in the servers but the
+``NgFailureEvent`` one route raises), exporting OTLP over gRPC to a real receiver.
+
+The issue's "Done when": under ``opentelemetry-instrument``, from a temporary folder, a real
+Gym 0.7.0 resources server's judge failure and a raised ``NgFailureEvent`` each arrive once,
+on the server span, counted, with the report on the reply, and healthy replies are
+byte-for-byte unchanged; a real Gym 0.7.0 collection's failure rows show and replay.
+
+Run just this lane with ``make real-gym``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import http.client
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ng_otel.cli.receiver import OtlpReceiver
+from ng_otel.contract import FailureReport
+
+pytestmark = [pytest.mark.real_gym, pytest.mark.e2e]
+
+HERE = Path(__file__).resolve().parent / "real_gym"
+START_TIMEOUT = 120.0  # a Gym server imports a lot; two cores start several at once
+REQUEST_TIMEOUT = 30.0
+EXPORT_TIMEOUT = 20.0
+COLLECT_TIMEOUT = 240.0
+CLI_TIMEOUT = 120.0
+SETTLE = 1.5  # after the first copy arrived: time for a duplicate to show up too
+SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
+
+RAISED_KIND = "real_gym:lookup_failed"  # the kind resources_app.py raises
+REPR_BODY = re.compile(
+    r"\"NgFailureEvent\('real_gym:lookup_failed', boundary='resources_server', event_id='(?P<id>[0-9a-f]{32})'\)\""
+)
+
+
+# -- the Gym venv, with this checkout's ng_otel ------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+GYM_VENV_TIMEOUT = 30 * 60  # building the cached venv from the registry takes ~3 minutes
+INSTALL_TIMEOUT = 15 * 60
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
+
+
+@dataclass(frozen=True)
+class GymVenv:
+    """The cached Python 3.13 venv with the real ``nemo-gym`` and ng_otel installed from a
+    wheel built from this checkout in this session."""
+
+    path: Path
+    wheel: Path  # the unzipped nemo-gym wheel: its sources, for reading
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    def bin(self, name: str) -> Path:
+        return self.path / "bin" / name
+
+
+def _run(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+
+
+def _real_gym(what: str) -> subprocess.CompletedProcess:
+    return _run(["bash", str(REPO / "tools" / "real-gym.sh"), what], GYM_VENV_TIMEOUT, cwd=REPO)
+
+
+@pytest.fixture(scope="session")
+def gym_venv(tmp_path_factory) -> GymVenv:
+    """Real NeMo Gym 0.7.0 (``tools/real-gym.sh venv``) with this checkout's ng_otel installed.
+
+    Skipped only when the registry cannot be reached: if the venv cannot be built but the Gym
+    wheel can still be downloaded, the lane fails instead. Every session builds ng_otel as a
+    wheel and installs it with what ``opentelemetry-instrument`` needs in one resolver pass
+    (so the contrib packages agree with the SDK Gym already has), then reinstalls ng_otel
+    itself, so the lane always tests the current code. An exclusive lock on the venv is held
+    while installing and a shared one while the session runs, so concurrent sessions never
+    test each other's ng_otel.
+    """
+    made = _real_gym("venv")
+    if made.returncode != 0:
+        wheel = _real_gym("wheel")
+        if wheel.returncode != 0:
+            pytest.skip(f"the package registry is unreachable: nemo-gym cannot be downloaded\n{wheel.stderr[-2000:]}")
+        pytest.fail(f"tools/real-gym.sh venv failed although the registry answers:\n{made.stderr[-4000:]}")
+    venv = Path(made.stdout.strip().splitlines()[-1])
+    wheel_dir = _real_gym("wheel")
+    if wheel_dir.returncode != 0:
+        pytest.fail(f"tools/real-gym.sh wheel failed:\n{wheel_dir.stderr[-4000:]}")
+
+    lock = open(venv / ".ng-otel-lane.lock", "w")  # held (shared) for the whole session
+    _lock(lock, fcntl.LOCK_EX)
+    try:
+        # Built from a clean copy: an egg-info or a build/ folder left in the checkout by an
+        # editable install would change what the wheel and its entry points contain.
+        source = tmp_path_factory.mktemp("ng-otel-source") / "ng_otel"
+        shutil.copytree(REPO, source, ignore=NOT_SOURCE)
+        dist = tmp_path_factory.mktemp("ng-otel-wheel")
+        built = _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)], INSTALL_TIMEOUT)
+        if built.returncode != 0:
+            pytest.fail(f"python -m build --wheel failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}")
+        (built_wheel,) = dist.glob("ng_otel-*.whl")
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+        deps = _run(
+            [
+                *pip,
+                "install",
+                "--quiet",
+                f"ng-otel[instrument,fastapi,aiohttp] @ {built_wheel.as_uri()}",
+                "opentelemetry-distro",
+                "opentelemetry-exporter-otlp",
+            ],
+            INSTALL_TIMEOUT,
+        )
+        if deps.returncode != 0:
+            pytest.fail(f"installing ng_otel's no-code dependencies into {venv} failed:\n{deps.stderr[-4000:]}")
+        itself = _run([*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(built_wheel)], INSTALL_TIMEOUT)
+        if itself.returncode != 0:
+            pytest.fail(f"reinstalling ng_otel into {venv} failed:\n{itself.stderr[-4000:]}")
+        check = _run([*pip, "check"], 120)
+        if check.returncode != 0:
+            pytest.fail(f"pip check in {venv} after installing ng_otel:\n{check.stdout}{check.stderr}")
+    finally:
+        _lock(lock, fcntl.LOCK_SH)
+    try:
+        yield GymVenv(venv, Path(wheel_dir.stdout.strip().splitlines()[-1]))
+    finally:
+        lock.close()
+
+
+def _lock(handle, mode: int, timeout: float = INSTALL_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"another session held {handle.name} for over {timeout:.0f}s")
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def gym_env_base() -> dict[str, str]:
+    """The environment every real-Gym process starts from: this one without anything that
+    would point it at the checkout or at another venv."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_", "NEMO_GYM_"))}
+    for key in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
+        env.pop(key, None)
+    return env
+
+
+# -- HTTP, as raw as the reply comes ---------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: list[tuple[str, str]]  # in order, names lower-cased
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        values = [value for key, value in self.headers if key == name.lower()]
+        assert len(values) <= 1, f"{name} sent {len(values)} times: {values}"
+        return values[0] if values else None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def call(url: str, method: str, path: str, payload: Any = None, headers: dict[str, str] | None = None) -> Reply:
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=REQUEST_TIMEOUT)
+    try:
+        body = None if payload is None else json.dumps(payload).encode()
+        sent = {"Content-Type": "application/json"} if body is not None else {}
+        connection.request(method, path, body=body, headers={**sent, **(headers or {})})
+        response = connection.getresponse()
+        return Reply(response.status, [(k.lower(), v) for k, v in response.getheaders()], response.read())
+    finally:
+        connection.close()
+
+
+def traceparent() -> tuple[str, dict[str, str]]:
+    """A fresh trace id and the header that makes the server's span join that trace."""
+    trace_id = secrets.token_hex(16)
+    return trace_id, {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+
+
+def verify_request(task: str) -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": task},
+        "response": {
+            "id": "resp_agent",
+            "created_at": 0,
+            "model": "canned",
+            "object": "response",
+            "output": [
+                {
+                    "id": "msg_agent",
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "4", "annotations": []}],
+                }
+            ],
+            "parallel_tool_calls": False,
+            "tool_choice": "auto",
+            "tools": [],
+        },
+    }
+
+
+# -- what the receiver got ---------------------------------------------------------------------
+
+
+def any_value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(any_value(item) for item in value.array_value.values)
+    if kind == "kvlist_value":
+        return {item.key: any_value(item.value) for item in value.kvlist_value.values}
+    return getattr(value, kind) if kind else None
+
+
+def attributes(items: Any) -> dict[str, Any]:
+    return {item.key: any_value(item.value) for item in items}
+
+
+def spans_in_trace(otlp: OtlpReceiver, trace_id: str) -> list[dict[str, Any]]:
+    """Every span of one trace, with its kind (the receiver's own view leaves kind out)."""
+    found = []
+    for request in list(otlp.traces):
+        for resource in request.resource_spans:
+            service = attributes(resource.resource.attributes).get("service.name")
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    if span.trace_id.hex() != trace_id:
+                        continue
+                    found.append(
+                        {
+                            "service": service,
+                            "name": span.name,
+                            "kind": span.kind,
+                            "span_id": span.span_id.hex(),
+                            "events": [{"name": e.name, "attributes": attributes(e.attributes)} for e in span.events],
+                        }
+                    )
+    return found
+
+
+def failure_events_in_trace(otlp: OtlpReceiver, trace_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(event attributes, span) for every ``ng.failure`` event of one trace."""
+    return [
+        (event["attributes"], span)
+        for span in spans_in_trace(otlp, trace_id)
+        for event in span["events"]
+        if event["name"] == "ng.failure"
+    ]
+
+
+def metric_total(otlp: OtlpReceiver, name: str, service: str, **labels: Any) -> float:
+    """The sum over the latest cumulative points of ``name`` from ``service`` whose attributes
+    include ``labels`` (dotted names given with ``__`` for ``.``)."""
+    wanted = {key.replace("__", "."): value for key, value in labels.items()}
+    return sum(
+        point["value"]
+        for point in otlp.metric_points(name)
+        if point["service"] == service and all(point["attributes"].get(k) == v for k, v in wanted.items())
+    )
+
+
+# -- real Gym servers -------------------------------------------------------------------------
+
+
+@dataclass
+class GymServer:
+    name: str
+    url: str
+    process: subprocess.Popen[bytes]
+    folder: Path
+
+    def log(self) -> str:
+        path = self.folder / "server.log"
+        return path.read_text(errors="replace")[-6000:] if path.exists() else ""
+
+
+@dataclass
+class GymStack:
+    """Servers of one resolved Gym config, each started as Gym starts it."""
+
+    gym: GymVenv
+    root: Path
+    otlp: OtlpReceiver
+    env_base: dict[str, str]
+    blocks: dict[str, Any]
+    config_yaml: str = ""
+    servers: list[GymServer] = field(default_factory=list)
+
+    def resolve(self) -> GymStack:
+        folder = self.root / "config"
+        folder.mkdir(parents=True)
+        resolved = subprocess.run(
+            [str(self.gym.python), str(HERE / "gym_config.py")],
+            input=json.dumps(self.blocks),
+            capture_output=True,
+            text=True,
+            cwd=folder,
+            env=self.env_base,
+            timeout=START_TIMEOUT,
+            check=False,
+        )
+        assert resolved.returncode == 0, f"Gym's config parser failed:\n{resolved.stderr[-4000:]}"
+        self.config_yaml = resolved.stdout
+        return self
+
+    def config(self) -> dict[str, Any]:
+        return yaml.safe_load(self.config_yaml)
+
+    def url(self, name: str, config_yaml: str | None = None) -> str:
+        config = yaml.safe_load(config_yaml or self.config_yaml)
+        (server_type,) = config[name].values()
+        (instance,) = server_type.values()
+        assert instance["host"] == "127.0.0.1", instance
+        return f"http://{instance['host']}:{instance['port']}"
+
+    def with_port(self, name: str, port: int) -> str:
+        """The same global config with server ``name`` on another port (a twin of it)."""
+        config = self.config()
+        (server_type,) = config[name].values()
+        (instance,) = server_type.values()
+        instance["port"] = port
+        config["disallowed_ports"] = [*config.get("disallowed_ports", []), port]
+        return yaml.safe_dump(config, sort_keys=False)
+
+    def start(
+        self,
+        name: str,
+        app: Path,
+        *,
+        ng_otel: bool = True,
+        service: str | None = None,
+        config_yaml: str | None = None,
+    ) -> GymServer:
+        """``opentelemetry-instrument python app.py`` in a fresh folder, Gym's env set."""
+        config_yaml = config_yaml or self.config_yaml
+        folder = self.root / f"{service or name}-{'on' if ng_otel else 'off'}"
+        folder.mkdir()
+        if app.parent == HERE:  # our own servers are copied in as app.py, as in a Gym server folder
+            shutil.copy(app, folder / "app.py")
+            app = folder / "app.py"
+        env = {
+            **self.env_base,
+            "NEMO_GYM_CONFIG_DICT": config_yaml,
+            "NEMO_GYM_CONFIG_PATH": name,
+            "NG_OTEL_ENABLED": "1" if ng_otel else "0",
+            "OTEL_SERVICE_NAME": service or name,
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "OTEL_METRIC_EXPORT_INTERVAL": "300",
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(folder / "server.log", "wb") as log:
+            process = subprocess.Popen(
+                [str(self.gym.bin("opentelemetry-instrument")), str(self.gym.python), str(app)],
+                cwd=folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        server = GymServer(name, self.url(name, config_yaml), process, folder)
+        self.servers.append(server)
+        return server
+
+    def wait_ready(self, *servers: GymServer) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        pending = list(servers)
+        while pending:
+            server = pending[0]
+            if server.process.poll() is not None:
+                pytest.fail(f"{server.name} exited with {server.process.returncode}:\n{server.log()}")
+            try:
+                if call(server.url, "GET", "/health").status == 200:
+                    pending.pop(0)
+                    continue
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"{server.name} did not answer /health within {START_TIMEOUT:.0f}s:\n{server.log()}")
+            time.sleep(0.2)
+
+    def stop(self, server: GymServer) -> None:
+        if server.process.poll() is None:
+            try:
+                os.killpg(server.process.pid, signal.SIGINT)
+                server.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.process.pid, signal.SIGKILL)
+                server.process.wait(timeout=15)
+            except ProcessLookupError:
+                pass
+        if server in self.servers:
+            self.servers.remove(server)
+
+    def stop_all(self) -> None:
+        for server in list(reversed(self.servers)):
+            self.stop(server)
+
+
+@contextmanager
+def gym_stack(gym_venv: GymVenv, root: Path, env_base: dict[str, str], blocks: dict[str, Any]) -> Iterator[GymStack]:
+    receiver = OtlpReceiver().start()
+    stack = GymStack(gym_venv, root, receiver, env_base, blocks)
+    try:
+        yield stack.resolve()
+    finally:
+        try:
+            stack.stop_all()
+        finally:
+            receiver.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+JUDGE_MODEL = {"judge_model": {"responses_api_models": {"canned_model": {"entrypoint": "app.py"}}}}
+JUDGED = {
+    "judged": {
+        "resources_servers": {
+            "judged_resources": {
+                "entrypoint": "app.py",
+                "domain": "other",
+                "judge_model_server": {"type": "responses_api_models", "name": "judge_model"},
+            }
+        }
+    }
+}
+
+
+# -- a real resources server: judge failure, raised failure, healthy replies ----------------------
+
+
+@dataclass
+class JudgedServers:
+    stack: GymStack
+    on: GymServer  # under opentelemetry-instrument with NG_OTEL_ENABLED=1
+    off: GymServer  # the same server, the same config but its port, NG_OTEL_ENABLED=0
+
+    @property
+    def otlp(self) -> OtlpReceiver:
+        return self.stack.otlp
+
+
+@pytest.fixture(scope="class")
+def judged(gym_venv, gym_env_base, tmp_path_factory) -> Iterator[JudgedServers]:
+    with gym_stack(gym_venv, tmp_path_factory.mktemp("gym"), gym_env_base, {**JUDGE_MODEL, **JUDGED}) as stack:
+        model = stack.start("judge_model", HERE / "model_app.py")
+        on = stack.start("judged", HERE / "resources_app.py")
+        off = stack.start(
+            "judged", HERE / "resources_app.py", ng_otel=False, config_yaml=stack.with_port("judged", free_port())
+        )
+        stack.wait_ready(model, on, off)
+        yield JudgedServers(stack, on, off)
+
+
+class TestResourcesServer:
+    def test_judge_failure_arrives_once_on_the_server_span_counted_and_reported(self, judged: JudgedServers):
+        trace_id, trace_headers = traceparent()
+        request = verify_request("judge-down: what is 2+2?")
+        reply = call(judged.on.url, "POST", "/verify", request, trace_headers)
+        plain = call(judged.off.url, "POST", "/verify", request)
+
+        # Gym's judge_failsafe answered, exactly as it does without ng_otel.
+        assert (reply.status, reply.header("content-type")) == (plain.status, plain.header("content-type"))
+        assert reply.body == plain.body, "the masked verify body changed under ng_otel"
+        body = reply.json()
+        assert reply.status == 200
+        assert body["mask_sample"] is True and body["reward"] == 0.0
+        assert body["failure_kind"] == body["_ng_failure_class"] == "judge_failed"
+        assert body["instance_config"]["mask_sample"] is True
+        assert body["failure_reason"] == body["_ng_failure_judge_error"]
+        assert body["_ng_failure_judge_error"].startswith("ClientResponseError: 503")
+
+        # Reported on the reply.
+        assert reply.header("x-ng-failure-report") is not None, (
+            f"no X-NG-Failure-Report on judge_failsafe's masked 200; headers: {reply.headers}"
+        )
+        report = FailureReport.from_header(reply.header("x-ng-failure-report"))
+        assert report.failure_id is not None
+        own = report.events[report.failure_id]
+        assert own["failure_kind"] == "judge_failed" and own["boundary"] == "resources_server"
+        assert reply.header("x-ng-failure-context") is not None, "no X-NG-Failure-Context on the masked 200"
+        contexts = json.loads(reply.header("x-ng-failure-context"))
+
+        # Recorded once, on the server span.
+        assert judged.otlp.wait_for(
+            lambda: any(
+                a.get("ng.failure.kind") == "judge_failed" for a, _ in failure_events_in_trace(judged.otlp, trace_id)
+            ),
+            EXPORT_TIMEOUT,
+        ), f"no ng.failure event for the judge failure; spans: {spans_in_trace(judged.otlp, trace_id)}"
+        time.sleep(SETTLE)
+        events = [
+            (a, s)
+            for a, s in failure_events_in_trace(judged.otlp, trace_id)
+            if a.get("ng.failure.kind") == "judge_failed"
+        ]
+        assert len(events) == 1, f"the judge failure arrived {len(events)} times: {events}"
+        ((event, span),) = events
+        assert span["kind"] == SPAN_KIND_SERVER and span["service"] == "judged", span
+        assert span["name"].startswith("POST /verify"), span["name"]
+        assert event["ng.failure.boundary"] == "resources_server"
+        assert event["ng.failure.id"] == report.failure_id
+        assert contexts[report.failure_id] == f"{trace_id}-{span['span_id']}"
+
+        # Counted once: as a failure and as a masked verify outcome.
+        def counted() -> bool:
+            return (
+                metric_total(judged.otlp, "ng.failures", "judged", ng__failure__kind="judge_failed") == 1
+                and metric_total(
+                    judged.otlp,
+                    "ng.verify.outcomes",
+                    "judged",
+                    ng__verify__masked=True,
+                    ng__failure__kind="judge_failed",
+                )
+                == 1
+            )
+
+        assert judged.otlp.wait_for(counted, EXPORT_TIMEOUT), (
+            f"ng.failures {judged.otlp.metric_points('ng.failures')}; "
+            f"ng.verify.outcomes {judged.otlp.metric_points('ng.verify.outcomes')}"
+        )
+
+    def test_raised_failure_arrives_once_on_the_server_span_counted_and_reported(self, judged: JudgedServers):
+        trace_id, trace_headers = traceparent()
+        reply = call(judged.on.url, "POST", "/lookup_broken", {"city": "Oslo"}, trace_headers)
+        plain = call(judged.off.url, "POST", "/lookup_broken", {"city": "Oslo"})
+
+        # Gym's catch-all exception middleware answered: a JSON 500 with repr(e), as without ng_otel.
+        assert (reply.status, reply.header("content-type")) == (plain.status, plain.header("content-type"))
+        assert reply.status == 500 and reply.header("content-type") == "application/json"
+        assert REPR_BODY.fullmatch(plain.body.decode()), plain.body
+        raised = REPR_BODY.fullmatch(reply.body.decode())
+        assert raised, f"the body is not the catch-all's repr(e): {reply.body!r}"
+
+        assert reply.header("x-ng-failure-report") is not None, (
+            f"no X-NG-Failure-Report on the catch-all's 500; headers: {reply.headers}"
+        )
+        report = FailureReport.from_header(reply.header("x-ng-failure-report"))
+        assert report.failure_id == raised["id"], "the report is not about the failure the handler raised"
+        own = report.events[report.failure_id]
+        assert own["failure_kind"] == RAISED_KIND and own["boundary"] == "resources_server"
+        assert own["http_status"] == 503  # the event's own status; the reply stays the catch-all's 500
+        assert reply.header("x-ng-failure-context") is not None, "no X-NG-Failure-Context on the catch-all's 500"
+        contexts = json.loads(reply.header("x-ng-failure-context"))
+
+        assert judged.otlp.wait_for(
+            lambda: any(
+                a.get("ng.failure.kind") == RAISED_KIND for a, _ in failure_events_in_trace(judged.otlp, trace_id)
+            ),
+            EXPORT_TIMEOUT,
+        ), f"no ng.failure event for the raised failure; spans: {spans_in_trace(judged.otlp, trace_id)}"
+        time.sleep(SETTLE)
+        events = [
+            (a, s) for a, s in failure_events_in_trace(judged.otlp, trace_id) if a.get("ng.failure.kind") == RAISED_KIND
+        ]
+        assert len(events) == 1, f"the raised failure arrived {len(events)} times: {events}"
+        ((event, span),) = events
+        assert span["kind"] == SPAN_KIND_SERVER and span["service"] == "judged", span
+        assert span["name"].startswith("POST /lookup_broken"), span["name"]
+        assert event["ng.failure.boundary"] == "resources_server"
+        assert event["ng.failure.id"] == raised["id"]
+        assert contexts[raised["id"]] == f"{trace_id}-{span['span_id']}"
+
+        assert judged.otlp.wait_for(
+            lambda: metric_total(judged.otlp, "ng.failures", "judged", ng__failure__kind=RAISED_KIND) == 1,
+            EXPORT_TIMEOUT,
+        ), f"ng.failures {judged.otlp.metric_points('ng.failures')}"
+
+    @pytest.mark.parametrize(
+        ("method", "path", "payload"),
+        [
+            ("GET", "/health", None),
+            ("POST", "/lookup", {"city": "Oslo"}),
+            ("POST", "/verify", verify_request("what is 2+2?")),
+            ("POST", "/seed_session", {}),
+            ("GET", "/reverify_mode", None),
+        ],
+        ids=["health", "lookup", "verify", "seed_session", "reverify_mode"],
+    )
+    def test_healthy_replies_are_byte_for_byte_unchanged(self, judged: JudgedServers, method, path, payload):
+        reply = call(judged.on.url, method, path, payload)
+        plain = call(judged.off.url, method, path, payload)
+        assert reply.status == plain.status == 200, (reply, plain)
+        assert comparable(reply.headers) == comparable(plain.headers)
+        assert reply.body == plain.body
+
+
+def comparable(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Headers with what differs between any two replies left out: the date, and the session
+    cookie's value (a fresh signed session id per reply); its name and attributes stay."""
+    kept = []
+    for name, value in headers:
+        if name == "date":
+            continue
+        if name == "set-cookie":
+            cookie, _, attributes_ = value.partition(";")
+            value = f"{cookie.partition('=')[0]}=<session>;{attributes_}"
+        kept.append((name, value))
+    return kept
+
+
+# -- a real collection: Gym's sidecar and judge rows, shown and replayed --------------------------
+
+
+def _installed_dir(gym_venv, package: str, env: dict[str, str]) -> Path:
+    found = subprocess.run(
+        [
+            str(gym_venv.python),
+            "-c",
+            f"import importlib.util; print(importlib.util.find_spec({package!r}).submodule_search_locations[0])",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=60,
+        check=True,
+    )
+    return Path(found.stdout.strip())
+
+
+COLLECTION_BLOCKS = {
+    "policy_model": {"responses_api_models": {"canned_model": {"entrypoint": "app.py"}}},
+    "judged": {
+        "resources_servers": {
+            "judged_resources": {
+                "entrypoint": "app.py",
+                "domain": "other",
+                "judge_model_server": {"type": "responses_api_models", "name": "policy_model"},
+            }
+        }
+    },
+    "judged_agent": {
+        "responses_api_agents": {
+            "simple_agent": {
+                "entrypoint": "app.py",
+                "resources_server": {"type": "resources_servers", "name": "judged"},
+                "model_server": {"type": "responses_api_models", "name": "policy_model"},
+            }
+        }
+    },
+    "judged_environment": {
+        "environment_servers": {
+            "legacy_agent": {
+                "entrypoint": "app.py",
+                "agent_server": {"type": "responses_api_agents", "name": "judged_agent"},
+            }
+        }
+    },
+}
+TASKS = [
+    "what is 2+2?",  # a healthy rollout
+    "judge-down: what is 3+3?",  # the judge fails: judge_failsafe's masked row
+    "model-down: what is 4+4?",  # the policy model fails: the agent's /run fails
+]
+
+
+@dataclass
+class Collected:
+    stack: GymStack
+    rows: Path
+    sidecar: Path
+    folder: Path
+
+    def read(self, path: Path) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="class")
+def collected(gym_venv, gym_env_base, tmp_path_factory) -> Iterator[Collected]:
+    root = tmp_path_factory.mktemp("gym-collection")
+    agents = _installed_dir(gym_venv, "responses_api_agents", gym_env_base)
+    environments = _installed_dir(gym_venv, "environment_servers", gym_env_base)
+    with gym_stack(gym_venv, root, gym_env_base, COLLECTION_BLOCKS) as stack:
+        servers = [
+            stack.start("policy_model", HERE / "model_app.py"),
+            stack.start("judged", HERE / "resources_app.py"),
+            stack.start("judged_agent", agents / "simple_agent" / "app.py"),
+            stack.start("judged_environment", environments / "legacy_agent" / "app.py"),
+        ]
+        stack.wait_ready(*servers)
+        folder = root / "collection"
+        folder.mkdir()
+        tasks = folder / "tasks.jsonl"
+        tasks.write_text(
+            "".join(
+                json.dumps({"responses_create_params": {"input": task}, "agent_ref": {"name": "judged_agent"}}) + "\n"
+                for task in TASKS
+            )
+        )
+        rows = folder / "rollouts.jsonl"
+        env = {**gym_env_base, "NEMO_GYM_CONFIG_DICT": stack.config_yaml, "PYTHONUNBUFFERED": "1"}
+        run = subprocess.run(
+            [str(gym_venv.python), str(HERE / "collect.py"), str(tasks), str(rows), "judged_agent"],
+            capture_output=True,
+            text=True,
+            cwd=folder,
+            env=env,
+            timeout=COLLECT_TIMEOUT,
+            check=False,
+        )
+        (folder / "collect.log").write_text(run.stdout + run.stderr)
+        assert run.returncode == 0, f"Gym's rollout collection failed:\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
+        yield Collected(stack, rows, rows.with_name("rollouts_failures.jsonl"), folder)
+
+
+def ng_otel_cli(gym_venv, env_base: dict[str, str], folder: Path, *args: str, **env: str) -> str:
+    """The ``ng-otel`` command the Gym venv's installed wheel provides, run from ``folder``."""
+    done = subprocess.run(
+        [str(gym_venv.bin("ng-otel")), *args],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env={**env_base, "COLUMNS": "200", **env},
+        timeout=CLI_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, f"ng-otel {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+FAILURE_BOUNDARIES = {"model", "harness", "agent", "resources_server", "environment", "collection"}
+
+
+class TestCollection:
+    """Gym 0.7.0's collection writes every row with ``_ng_failure_class`` to the sidecar, the
+    judge_failsafe rows included (``rollout_collection._run_from_config``: "Non-kill_shaped
+    failure -> sidecar"); the main rows hold only the rollouts that were scored."""
+
+    def test_gym_wrote_one_judge_row_and_one_run_failure_to_the_sidecar(self, collected: Collected):
+        rows = collected.read(collected.rows)
+        assert [row["responses_create_params"]["input"] for row in rows] == [TASKS[0]], rows
+        assert all("_ng_failure_class" not in row for row in rows), rows
+        assert collected.sidecar.exists(), f"no sidecar; the folder has {sorted(os.listdir(collected.folder))}"
+        sidecar = {row["_ng_task_index"]: row for row in collected.read(collected.sidecar)}
+        assert sorted(sidecar) == [1, 2], sidecar
+        judge = sidecar[1]
+        assert judge["_ng_failure_class"] == judge["failure_kind"] == "judge_failed"
+        assert judge["mask_sample"] is True and judge["instance_config"]["mask_sample"] is True
+        assert judge["_ng_failure_judge_error"].startswith("ClientResponseError: 503")
+        run = sidecar[2]
+        assert run["_ng_failure_class"] == "agent_run_error", run  # the agent answered 500: the rollout ran
+        assert run["_ng_failure_type"] == "ClientResponseError" and run["_ng_failure_http_status"] == 500
+        assert "policy model failed" in run["_ng_failure_response_body"]
+
+    @pytest.mark.parametrize("which", ["sidecar", "rows"])
+    def test_show_finds_one_failure_per_sidecar_and_judge_row(
+        self, collected: Collected, gym_venv, gym_env_base, tmp_path, which
+    ):
+        path = collected.sidecar if which == "sidecar" else collected.rows
+        failing = [row for row in collected.read(path) if row.get("_ng_failure_class")]
+        out = ng_otel_cli(gym_venv, gym_env_base, tmp_path, "show", str(path))
+        assert f"{len(failing)} failure chain group(s) shown" in out, out
+        for row in failing:
+            assert row["_ng_failure_class"] in out, out
+
+    @pytest.mark.parametrize("which", ["sidecar", "rows"])
+    def test_replay_exports_one_failure_per_sidecar_and_judge_row(
+        self, collected: Collected, gym_venv, gym_env_base, tmp_path, which
+    ):
+        path = collected.sidecar if which == "sidecar" else collected.rows
+        rows = collected.read(path)
+        failing = [row for row in rows if row.get("_ng_failure_class")]
+        receiver = OtlpReceiver().start()
+        try:
+            out = ng_otel_cli(
+                gym_venv,
+                gym_env_base,
+                tmp_path,
+                "replay",
+                str(path),
+                NG_OTEL_ENABLED="1",
+                OTEL_SERVICE_NAME="replay",
+                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
+                OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                OTEL_METRICS_EXPORTER="none",
+                OTEL_LOGS_EXPORTER="none",
+            )
+            summary = (
+                f"replayed {len(rows)} rows: {len(failing)} with failures, {len(failing)} events exported, 0 skipped"
+            )
+            assert summary in out, out
+            assert receiver.wait_for(lambda: len(receiver.failure_events()) >= len(failing), EXPORT_TIMEOUT)
+            time.sleep(SETTLE)
+            events = receiver.failure_events()
+            assert sorted(e["ng.failure.kind"] for e in events) == sorted(r["_ng_failure_class"] for r in failing)
+            for event in events:
+                assert event["ng.failure.boundary"] in FAILURE_BOUNDARIES, event
+                if event["ng.failure.kind"] != "judge_failed":  # a judge row may name the resources server
+                    assert event["ng.failure.boundary"] == "collection", event
+        finally:
+            receiver.stop()
