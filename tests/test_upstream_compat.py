@@ -50,6 +50,7 @@ from ng_otel.contract import (
 from ng_otel.contract.events import MAX_REASON_CHARS
 from ng_otel.integrations.environment import episode_response, handled_episode_failure, record_verify_outcome
 from ng_otel.testing import capture_failures
+from tests.test_records import FAILURE, rollout
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = os.environ.get("NG_OTEL_GYM_VERSION", "0.7.0")
@@ -194,8 +195,6 @@ def test_episode_id_capture_key_and_frozenness_match_upstream(gym):
 
 # --- EpisodeFailure ------------------------------------------------------------------------
 
-FAILURE = {"failure_reason": "session reset failed", "terminal": True, "failure_kind": "session_lost", "stage": "seed"}
-
 
 @pytest.mark.parametrize(
     "data",
@@ -234,13 +233,7 @@ def test_stages_are_upstreams(gym):
 
 # --- RolloutFailure ----------------------------------------------------------------------
 
-ROLLOUT = {
-    "episode_id": {"rollout_id": "task-1", "attempt": 2},
-    "run_id": "run-1",
-    "source": "collector",
-    "delivery": "possibly_delivered",
-    "failure": FAILURE,
-}
+ROLLOUT = rollout(episode_id={"rollout_id": "task-1", "attempt": 2})
 
 
 @pytest.mark.parametrize(
