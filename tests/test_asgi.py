@@ -302,3 +302,55 @@ def test_switched_off_the_app_stack_is_left_exactly_as_it_was(monkeypatch):
         handlers = getattr(handlers, "app", None)
     assert not any(getattr(h, "_ng_otel_wrapped", False) for h in handlers._exception_handlers.values())
     assert type(handlers.app).__name__ != "RaisedFailureRecorder"
+
+
+class PrefixStripping:
+    """Like NeMo Gym's RolloutContextMiddleware: a pure ASGI middleware that keeps the app it
+    wraps as ``_app``."""
+
+    def __init__(self, app):
+        self._app = app
+
+    async def __call__(self, scope, receive, send):
+        await self._app(scope, receive, send)
+
+
+def gym_shaped(app):
+    app.add_middleware(PrefixStripping)
+    return with_catch_all(app)
+
+
+def test_instrument_app_places_the_layers_around_middleware_added_after_it():
+    app = instrument_app(make_app())  # before the app's own middleware, as in a Gym server's setup
+    gym_shaped(app)
+    with capture_failures() as telemetry:
+        status, headers, body = asyncio.run(call(app, "/raise"))
+    assert status == 500 and json.loads(body).startswith("NgFailureEvent(")
+    assert FailureReport.from_header(headers["x-ng-failure-report"]).failure_id is not None
+    assert telemetry.count() == 2
+
+
+def test_added_by_hand_the_middleware_finds_the_router_through_any_inner_app_attribute():
+    app = gym_shaped(make_app())
+    app.add_middleware(FailureReportMiddleware)  # last: outermost, as the docs say
+    with capture_failures() as telemetry:
+        status, headers, _ = asyncio.run(call(app, "/raise"))
+    assert status == 500 and "x-ng-failure-report" in headers and telemetry.count() == 2
+
+
+@pytest.mark.parametrize("key", [500, Exception])
+def test_the_apps_own_error_handler_keeps_answering_and_its_reply_carries_the_report(key):
+    app = make_app()
+
+    @app.exception_handler(key)
+    async def teapot(request: Request, error: Exception):
+        return JSONResponse({"answered_by": "the app"}, status_code=418)
+
+    sent = []
+    with capture_failures() as telemetry, pytest.raises(NgFailureEvent):  # Starlette re-raises after answering
+        asyncio.run(call(instrument_app(app), "/raise", sent=sent))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {name.decode(): value.decode() for name, value in start["headers"]}
+    assert start["status"] == 418 and b'{"answered_by":"the app"}' in b"".join(m.get("body", b"") for m in sent[1:])
+    assert FailureReport.from_header(headers["x-ng-failure-report"]).failure_id is not None
+    assert telemetry.count() == 2

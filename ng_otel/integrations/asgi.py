@@ -1,18 +1,22 @@
-"""``FailureReportMiddleware``: a pure ASGI middleware for FastAPI and Starlette.
+"""``FailureReportMiddleware``: Gym failure reports for FastAPI and Starlette apps.
 
-    app.add_middleware(FailureReportMiddleware)
+    instrument_app(app)          # or: opentelemetry-instrument, which does the same
 
-Two layers, because an app's own error handling sits between them. The middleware itself
-opens the request's failure log (fed by ``record_failure``, ``observe_failure`` and the
-aiohttp client hook) and adds ``X-NG-Failure-Report`` and ``X-NG-Failure-Context`` to every
-reply with failures, whoever wrote that reply (a ``text/event-stream`` reply gets them as a
-final ``ng_failure_report`` event instead, since its headers are gone). Installed, it also
-puts a small recorder right around the app's router, inside Starlette's
-``ExceptionMiddleware``: a Gym failure raised by a handler is recorded there, on the server
-span, before an exception handler or a catch-all middleware (such as NeMo Gym's
-``setup_exception_middleware``) turns it into a reply. Status and body stay the app's own
-wherever the app answers; a failure that nothing in the app answers is answered here with
-its ``http_status`` (500 without one) and a JSON body.
+An app's own error handling (exception handlers, a catch-all middleware such as NeMo Gym's
+``setup_exception_middleware``) may turn a raised failure into a reply, so ng_otel works in
+layers around it, placed when the app builds its middleware stack:
+
+- ``FailureReportMiddleware``, outermost among the app's middleware, opens the request's
+  failure log (fed by ``record_failure``, ``observe_failure`` and the aiohttp client hook) and
+  adds ``X-NG-Failure-Report`` and ``X-NG-Failure-Context`` to every reply with failures,
+  whoever wrote it (a ``text/event-stream`` reply gets them as a final ``ng_failure_report``
+  event instead, since its headers are gone);
+- a ``RaisedFailureRecorder``, innermost, and the app's exception handlers, wrapped, record a
+  Gym failure where it is raised, on the server span, before anything answers it.
+
+Status and body stay the app's own wherever the app answers; a failure that nothing in the
+app answers is answered here with its ``http_status`` (500 without one) and a JSON body.
+``app.add_middleware(FailureReportMiddleware)`` works too, where nothing outside it answers.
 """
 
 from __future__ import annotations
@@ -38,17 +42,30 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _MAX_APP_DEPTH = 64  # how far down the middleware chain to look for the router
+_LOG_SCOPE_KEY = "ng_otel.failure_log"
+_INNER_APP_ATTRIBUTES = ("app", "_app")  # where ASGI middleware keep the app they wrap
 MAX_VERIFY_BODY = 1 << 20  # a verify reply larger than this is passed on unread
 
 
 class FailureReportMiddleware:
     """``verify_paths``: routes whose JSON replies are verify responses, recorded with
-    ``record_verify_outcome`` (default ``("/verify",)``; ``()`` switches it off)."""
+    ``record_verify_outcome`` (default ``("/verify",)``; ``()`` switches it off).
+    ``answer_failures=False`` leaves an escaping failure to the app's own error handler;
+    ``record_raised=False`` when a ``RaisedFailureRecorder`` was placed already (by
+    ``add_failure_layers``), otherwise the router below is found and one is put around it."""
 
-    def __init__(self, app: ASGIApp, *, verify_paths: Collection[str] = ("/verify",)) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        verify_paths: Collection[str] = ("/verify",),
+        answer_failures: bool = True,
+        record_raised: bool = True,
+    ) -> None:
         self.app = app
         self.verify_paths = frozenset(verify_paths)
-        if is_enabled():  # switched off, the app stays exactly as it was
+        self.answer_failures = answer_failures
+        if record_raised and is_enabled():  # switched off, the app stays exactly as it was
             install_raise_recorder(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -56,6 +73,7 @@ class FailureReportMiddleware:
             await self.app(scope, receive, send)
             return
         log, token = open_failure_log()
+        scope[_LOG_SCOPE_KEY] = log  # for the app's error handler, which answers outside this layer
         server_span = trace.get_current_span()
         reply = _Reply(send, log, verify=scope.get("path") in self.verify_paths)
         try:
@@ -66,7 +84,7 @@ class FailureReportMiddleware:
                 raise
             status, body, report = answer
             record_failure(report, span=server_span)
-            if reply.started:
+            if reply.started or not self.answer_failures:
                 await reply.finish_stream()
                 raise
             await reply.send_failure(status, body)
@@ -193,44 +211,82 @@ class RaisedFailureRecorder:
 
 
 @guarded
-def install_raise_recorder(app: Any) -> bool:
-    """Make ``app`` (a built middleware chain) record Gym failures where they are raised.
+def add_failure_layers(app: Any, **options: Any) -> None:
+    """Place ng_otel's layers in a Starlette or FastAPI app about to build its middleware
+    stack (its ``build_middleware_stack`` calls this first): the report layer outermost among
+    the app's middleware, a ``RaisedFailureRecorder`` innermost, and every exception handler
+    recording the failure it answers. An error handler of the app's own (for ``500`` or
+    ``Exception``) keeps answering, and its reply carries the report too. Idempotent."""
+    if not is_enabled() or any(m.cls is FailureReportMiddleware for m in app.user_middleware):
+        return
+    from starlette.middleware import Middleware
 
-    Starlette's ``ExceptionMiddleware`` holds the app's exception handlers, and its routes
-    apply them before an exception leaves the router: each handler is wrapped to record the
-    failure it answers, and a ``RaisedFailureRecorder`` goes around the router for the rest.
-    True when both are in place (now or already)."""
+    error_handler = next((key for key in (500, Exception) if key in app.exception_handlers), None)
+    _wrap_handlers(app.exception_handlers, error_handler)
+    options = {"answer_failures": error_handler is None, **options, "record_raised": False}
+    layer = Middleware(FailureReportMiddleware, **options)
+    app.user_middleware.insert(0, layer)
+    app.user_middleware.append(Middleware(RaisedFailureRecorder))
+
+
+@guarded
+def install_raise_recorder(app: Any) -> bool:
+    """For ``FailureReportMiddleware`` added by hand: put a ``RaisedFailureRecorder`` around
+    the router of ``app`` (a built middleware chain), just inside Starlette's
+    ``ExceptionMiddleware``, and wrap the exception handlers it holds (its routes apply them
+    before an exception leaves the router). True when both are in place."""
     node = app
     for _ in range(_MAX_APP_DEPTH):
-        inner = getattr(node, "app", None)
-        if inner is None:
-            return False
         handlers = getattr(node, "_exception_handlers", None)
-        if isinstance(handlers, dict):
-            for key, handler in list(handlers.items()):
-                if not getattr(handler, "_ng_otel_wrapped", False):
-                    handlers[key] = _recording(handler)
-            if not isinstance(inner, RaisedFailureRecorder):
-                node.app = RaisedFailureRecorder(inner)
+        if isinstance(handlers, dict) and hasattr(node, "app"):
+            _wrap_handlers(handlers)
+            if not isinstance(node.app, RaisedFailureRecorder):
+                node.app = RaisedFailureRecorder(node.app)
             return True
-        node = inner
+        node = next((getattr(node, name) for name in _INNER_APP_ATTRIBUTES if hasattr(node, name)), None)
+        if node is None:
+            return False
     return False
 
 
-def _recording(handler: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_handlers(handlers: dict[Any, Any], error_handler: Any = None) -> None:
+    for key, handler in list(handlers.items()):
+        if not getattr(handler, "_ng_otel_wrapped", False):
+            handlers[key] = _recording(handler, report=key == error_handler and error_handler is not None)
+
+
+def _recording(handler: Callable[..., Any], *, report: bool = False) -> Callable[..., Any]:
+    """``handler``, recording the Gym failure it answers first. ``report``: it is the app's
+    error handler, whose reply leaves outside ``FailureReportMiddleware``, so the reply gets
+    the report headers here."""
     if inspect.iscoroutinefunction(handler):
 
         async def async_wrapper(request: Any, error: Exception) -> Any:
             record_failure(error)
-            return await handler(request, error)
+            response = await handler(request, error)
+            return _with_report(request, response) if report else response
 
         wrapper: Callable[..., Any] = async_wrapper
     else:
 
         def sync_wrapper(request: Any, error: Exception) -> Any:
             record_failure(error)
-            return handler(request, error)
+            response = handler(request, error)
+            return _with_report(request, response) if report else response
 
         wrapper = sync_wrapper
     wrapper._ng_otel_wrapped = True  # type: ignore[attr-defined]
     return wrapper
+
+
+@guarded
+def _add_report_headers(request: Any, response: Any) -> None:
+    log = request.scope.get(_LOG_SCOPE_KEY)
+    if log:
+        for name, value in reply_headers(log) or []:
+            response.headers[name] = value
+
+
+def _with_report(request: Any, response: Any) -> Any:
+    _add_report_headers(request, response)
+    return response

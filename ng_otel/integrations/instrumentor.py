@@ -49,13 +49,12 @@ def _patch_asgi_apps() -> None:
         from starlette.applications import Starlette
     except ImportError:
         return
-    from ng_otel.integrations.asgi import FailureReportMiddleware
+    from ng_otel.integrations.asgi import add_failure_layers
 
     def make(original: Any) -> Any:
         @functools.wraps(original)
         def build_middleware_stack(self: Any) -> Any:
-            if not any(m.cls is FailureReportMiddleware for m in self.user_middleware):
-                self.user_middleware.insert(0, _middleware(FailureReportMiddleware))
+            add_failure_layers(self)
             return original(self)
 
         return build_middleware_stack
@@ -81,12 +80,6 @@ def _stack_builders(base: type) -> list[type]:
             found.append(cls)
         pending.extend(cls.__subclasses__())
     return found
-
-
-def _middleware(cls: Any) -> Any:
-    from starlette.middleware import Middleware
-
-    return Middleware(cls)
 
 
 @guarded
