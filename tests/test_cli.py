@@ -1,29 +1,20 @@
 """The command line, run as a user runs it: `ng-otel ...` in a subprocess."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ng_otel.cli.receiver import OtlpReceiver
 
-NG_OTEL = [sys.executable, "-m", "ng_otel.cli"]
-
-
-def ng_otel(*args, env=None, cwd=None):
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
-    environment.update(env or {})
-    environment["COLUMNS"] = "200"  # one tree line per event, whatever the terminal
-    return subprocess.run([*NG_OTEL, *args], capture_output=True, text=True, env=environment, cwd=cwd, timeout=120)
+pytestmark = pytest.mark.e2e  # the installed command, run from a folder of its own
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    done = ng_otel("demo", "--out", str(out))
+def demo(ng_otel_cli, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("a-users-folder")
+    done = ng_otel_cli("demo", cwd=folder)  # no --out: under the current folder
+    out = folder / "ng-otel-demo"
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout, out
 
@@ -47,7 +38,6 @@ def live_events(telemetry: Path):
     return where, links
 
 
-@pytest.mark.e2e
 def test_demo_prints_every_chain_as_a_tree_and_saves_the_rows(demo):
     stdout, out = demo
     lines = [line.rstrip() for line in stdout.splitlines()]
@@ -77,7 +67,6 @@ def test_demo_prints_every_chain_as_a_tree_and_saves_the_rows(demo):
     assert f"rows: {out / 'rows.jsonl'}" in stdout
 
 
-@pytest.mark.e2e
 def test_demo_telemetry_is_otlp_json_with_hex_ids_and_each_event_once(demo):
     _, out = demo
     where, links = live_events(out / "telemetry.jsonl")
@@ -89,13 +78,12 @@ def test_demo_telemetry_is_otlp_json_with_hex_ids_and_each_event_once(demo):
     assert len(links) >= 3
 
 
-@pytest.mark.e2e
-def test_replay_of_the_demo_rows_gives_the_same_chains_as_the_live_run(demo):
+def test_replay_of_the_demo_rows_gives_the_same_chains_as_the_live_run(demo, ng_otel_cli):
     _, out = demo
     live_where, live_links = live_events(out / "telemetry.jsonl")
     receiver = OtlpReceiver().start()
     try:
-        done = ng_otel(
+        done = ng_otel_cli(
             "replay",
             str(out / "rows.jsonl"),
             env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_METRICS_EXPORTER": "none"},
@@ -177,30 +165,30 @@ def rows_file(tmp_path):
     return path
 
 
-def test_show_draws_trees_filters_and_reports_bad_lines_with_their_numbers(rows_file):
-    done = ng_otel("show", str(rows_file))
+def test_show_draws_trees_filters_and_reports_bad_lines_with_their_numbers(rows_file, ng_otel_cli):
+    done = ng_otel_cli("show", str(rows_file))
     assert done.returncode == 0
     assert "line 1 · scenario a" in done.stdout and "line 2 · scenario b" in done.stdout
     assert "\x1b" not in done.stdout and "[bold]markup[/bold]" in done.stdout
     assert "line 3: skipped: not JSON" in done.stdout
     assert "line 5: skipped: invalid failure report: events.z" in done.stdout
-    only = ng_otel("show", str(rows_file), "--kind", "transport_timeout")
+    only = ng_otel_cli("show", str(rows_file), "--kind", "transport_timeout")
     assert "scenario a" in only.stdout and "scenario b" not in only.stdout
-    by_boundary = ng_otel("show", str(rows_file), "--boundary", "environment")
+    by_boundary = ng_otel_cli("show", str(rows_file), "--boundary", "environment")
     assert "scenario b" in by_boundary.stdout and "scenario a" not in by_boundary.stdout
 
 
-def test_kinds_lists_the_vocabulary_and_check_finds_unregistered_kinds(rows_file):
-    listing = ng_otel("kinds")
+def test_kinds_lists_the_vocabulary_and_check_finds_unregistered_kinds(rows_file, ng_otel_cli):
+    listing = ng_otel_cli("kinds")
     assert listing.returncode == 0 and "24 shared failure kinds" in listing.stdout
     assert "cohort_incomplete" in listing.stdout
-    check = ng_otel("kinds", "--check", str(rows_file))
+    check = ng_otel_cli("kinds", "--check", str(rows_file))
     assert check.returncode == 1
     assert "browser_crashed" in check.stdout and "swe:patch_failed" not in check.stdout
 
 
-def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp):
-    done = ng_otel(
+def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp, ng_otel_cli):
+    done = ng_otel_cli(
         "replay",
         str(rows_file),
         env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint, "OTEL_METRICS_EXPORTER": "none"},
@@ -211,6 +199,6 @@ def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp):
     assert otlp.wait_for(lambda: len(otlp.failure_events()) == 4)
 
 
-def test_a_missing_file_is_a_clear_error(tmp_path):
-    done = ng_otel("show", str(tmp_path / "nope.jsonl"))
+def test_a_missing_file_is_a_clear_error(tmp_path, ng_otel_cli):
+    done = ng_otel_cli("show", str(tmp_path / "nope.jsonl"))
     assert done.returncode == 2 and "no such file" in done.stdout

@@ -6,9 +6,6 @@ and ``nemo_gym/judge.py``); ``tests/test_real_gym.py`` reads rows Gym itself wro
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -144,22 +141,15 @@ def test_gym_mains_saved_report_wins_and_rows_without_failures_have_none():
     assert row_report({"_ng_task_index": 1, "reward": 1.0}) is None
 
 
-def test_show_draws_both_formats_from_one_file(tmp_path):
+@pytest.mark.e2e
+def test_show_draws_both_formats_from_one_file(tmp_path, ng_otel_cli):
     try:
         raise NgFailureEvent("transport_timeout", "model timed out", boundary="model")
     except NgFailureEvent as error:
         saved = {"scenario": "new-format", **report_row(failure_report_for(error), contexts={})}
     rows = tmp_path / "rows_failures.jsonl"
     rows.write_text("\n".join(json.dumps(row) for row in (AGENT_REQUEST_FAILED, ENVIRONMENT_FAILED, JUDGE_ROW, saved)))
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "ng_otel.cli", "show", str(rows)],
-        capture_output=True,
-        text=True,
-        env={**environment, "COLUMNS": "200"},
-        cwd=tmp_path,
-        timeout=60,
-    )
+    done = ng_otel_cli("show", str(rows))
     assert done.returncode == 0, done.stderr
     assert "4 failure chain group(s) shown" in done.stdout
     for expected in (
@@ -174,23 +164,16 @@ def test_show_draws_both_formats_from_one_file(tmp_path):
         assert expected in done.stdout
 
 
-def test_replay_exports_one_event_per_gym_failure_row_and_is_idempotent_by_id(tmp_path, otlp):
+@pytest.mark.e2e
+def test_replay_exports_one_event_per_gym_failure_row_and_is_idempotent_by_id(tmp_path, otlp, ng_otel_cli):
     rows = tmp_path / "rollouts_failures.jsonl"
     rows.write_text("\n".join(json.dumps(row) for row in (AGENT_REQUEST_FAILED, AGENT_RUN_ERROR, JUDGE_ROW)) + "\n")
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
-    environment |= {
+    environment = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint,
         "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
         "OTEL_METRICS_EXPORTER": "none",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "ng_otel.cli", "replay", str(rows)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=tmp_path,
-        timeout=60,
-    )
+    done = ng_otel_cli("replay", str(rows), env=environment)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 with failures, 3 events exported" in done.stdout
     assert otlp.wait_for(lambda: len(otlp.failure_events()) == 3)

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from ng_otel.otel import names
 
+DEMO_INSTALL = "pip install 'ng-otel[demo]'"
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
 
 
@@ -31,9 +32,8 @@ def run_demo(out: Path, console: Console) -> int:
         import uvicorn  # noqa: F401
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor  # noqa: F401
     except ImportError as missing:
-        console.print(
-            f"[red]ng-otel demo needs {escape(missing.name or 'its servers')}: pip install 'ng-otel[demo]'[/red]"
-        )
+        needed = escape(missing.name or "its servers")
+        console.print(f"[red]ng-otel demo needs {needed}: {escape(DEMO_INSTALL)}[/red]")
         return 2
     from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
     from ng_otel.cli.receiver import OtlpReceiver
