@@ -60,6 +60,13 @@ def installed(ng_otel_dist, tmp_path_factory) -> Installed:
     (wheel,) = ng_otel_dist.glob("*.whl")
     path = tmp_path_factory.mktemp("installed") / "venv"
     venv.create(path, with_pip=True)
+    # The versions this suite's own environment resolved: the contrib family pins the SDK
+    # exactly, and a fresh resolution against the registry can find no consistent set.
+    frozen = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, timeout=120
+    )
+    constraints = path.parent / "constraints.txt"
+    constraints.write_text(frozen.stdout)
     done = subprocess.run(
         [
             str(path / "bin" / "python"),
@@ -67,8 +74,10 @@ def installed(ng_otel_dist, tmp_path_factory) -> Installed:
             "pip",
             "install",
             "--quiet",
+            "--constraint",
+            str(constraints),
             f"{wheel}[demo,instrument,fastapi,aiohttp,prometheus]",
-            "opentelemetry-distro>=0.66b0",
+            "opentelemetry-distro",
         ],
         capture_output=True,
         text=True,

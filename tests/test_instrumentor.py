@@ -53,16 +53,15 @@ def get(url):
 
 
 @pytest.mark.e2e
-def test_opentelemetry_instrument_enables_the_middleware_and_client_hook(tmp_path: Path, otlp):
+def test_opentelemetry_instrument_enables_the_middleware_and_client_hook(tmp_path: Path, otlp, installed):
     script = tmp_path / "app.py"
     script.write_text(APP)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    instrument = Path(sys.executable).parent / "opentelemetry-instrument"
     env = {
-        **os.environ,
+        **installed.env(),
         "NG_OTEL_ENABLED": "1",
         "OTEL_SERVICE_NAME": "auto-app",
         "OTEL_METRICS_EXPORTER": "none",
@@ -72,10 +71,12 @@ def test_opentelemetry_instrument_enables_the_middleware_and_client_hook(tmp_pat
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint,
         "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
     }
+    # From a folder of its own, with ng_otel installed from its wheel: what a user runs.
     process = subprocess.Popen(
-        [str(instrument), sys.executable, str(script), str(sock.fileno())],
+        [installed.bin("opentelemetry-instrument"), installed.bin("python"), "app.py", str(sock.fileno())],
         pass_fds=(sock.fileno(),),
         env=env,
+        cwd=tmp_path,
         stderr=subprocess.PIPE,
     )
     try:
