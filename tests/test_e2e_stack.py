@@ -203,8 +203,9 @@ def test_replies_are_unaffected_when_the_otlp_endpoint_is_down(run, tmp_path):
 
 def test_an_environments_handled_failures_come_back_as_the_v1_envelope_with_the_report_beside_it(run):
     status, headers, body = run.direct["episode_lost"]
-    assert status == 200 and body["trajectory"] == ["reset", "observe", "act"]
-    assert body["episode_failure"] == {
+    assert status == 200 and body["result"] is None  # exactly one of result and failure, as upstream
+    assert body["episode_id"] == {"rollout_id": "episode_lost", "attempt": 0}
+    assert body["failure"] == {
         "failure_reason": "sandbox session lost mid-episode",
         "terminal": True,
         "failure_kind": "session_lost",
@@ -217,13 +218,14 @@ def test_an_environments_handled_failures_come_back_as_the_v1_envelope_with_the_
     assert report.failure_id == kinds["session_lost"]["event_id"]
     assert kinds["session_lost"]["cause_id"] == kinds["transport_peer_drop"]["event_id"]
     assert kinds["session_release_failed"]["stage"] == "cleanup"
-    assert body["partial"] == [{"steps_completed": 2}]
+    assert "partial" not in body  # BaseEpisodeResponse forbids unknown keys
     receiver = run.receiver
     assert receiver.wait_for(lambda: set(report.events) <= set(by_id(receiver)))
     exported = [e for e in receiver.failure_events() if e["ng.failure.id"] in report.events]
     assert len(exported) == 3
     assert {e["_span"]["status"] for e in exported} == {0}  # handled: the span is not an error
-    assert run.direct["episode_ok"][2] == {"trajectory": ["reset", "observe", "act"]}
+    assert run.direct["episode_ok"][2]["result"] == {"trajectory": ["reset", "observe", "act"]}
+    assert "failure" not in run.direct["episode_ok"][2]
 
 
 def test_verify_outcomes_are_counted_exactly_and_named_kinds_become_events(run):

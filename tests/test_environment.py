@@ -102,6 +102,16 @@ def test_handled_failures_reach_telemetry_once_without_error_status():
     assert telemetry.count() == 3
 
 
+def test_a_terminal_episode_failure_is_data_whatever_its_kind_as_nemo_rl_classifies_it():
+    with capture_failures() as telemetry:
+        _, cause, lost, late, _ = run_episode()
+    classes = {e["ng.failure.kind"]: e["ng.failure.class"] for e in telemetry.failure_events()}
+    # session_* kinds are infrastructure; the environment's terminal decision makes the
+    # episode's own failure DATA, while its cause and the non-terminal cleanup keep their kind's.
+    assert classes == {"session_lost": "data", "transport_peer_drop": "infra", "session_release_failed": "infra"}
+    assert telemetry.count(kind="session_lost", **{"class": "data"}) == 1
+
+
 def test_without_a_handled_failure_the_response_is_unchanged():
     assert episode_response({**IDENTITY, "result": {"reward": 1.0}}) == {**IDENTITY, "result": {"reward": 1.0}}
 

@@ -1,4 +1,4 @@
-"""Write docs/api.md from the docstrings of the public names (DESIGN section 5).
+"""Write docs/api.md from the docstrings of the public names (what `ng_otel.__all__` and the adapters export).
 
 Run: .venv/bin/python tools/gen_api.py   (tests/test_api_docs.py fails when it is stale)
 """
@@ -65,7 +65,7 @@ def render() -> str:
     lines = [
         "# API reference",
         "",
-        "Generated from the docstrings by `tools/gen_api.py`; the public names of DESIGN section 5.",
+        "Generated from the docstrings by `tools/gen_api.py`; the public names of the package and its adapters.",
         "",
     ]
     for module_name, public in PUBLIC.items():

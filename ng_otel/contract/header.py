@@ -1,4 +1,4 @@
-"""The reply-header encoding shared by every ng_otel header (seed: gym-failure-observations.txt).
+"""The reply-header encoding shared by every ng_otel header (Gym Main's failure-report header).
 
 aiohttp rejects a reply header line over 8190 bytes, so a value is compact ASCII JSON of at
 most ``MAX_HEADER_BYTES``; callers decide what to send instead of a value that does not fit.

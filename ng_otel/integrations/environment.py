@@ -72,7 +72,7 @@ def handled_episode_failure(
     _handled.set((*_handled.get(), HandledFailure(event, terminal, partial)))
     report = failure_report_for(event)
     if report is not None:
-        _record_returned(report, decisive=terminal)
+        _record_returned(report, decisive=terminal, terminal=(event.event_id,) if terminal else ())
     return event
 
 
@@ -157,11 +157,17 @@ def record_verify_outcome(response: Any) -> VerifyOutcome | None:
 
 
 @guarded
-def _record_returned(report: FailureReport, *, decisive: bool, extra: Mapping[str, Any] | None = None) -> None:
+def _record_returned(
+    report: FailureReport,
+    *,
+    decisive: bool,
+    extra: Mapping[str, Any] | None = None,
+    terminal: tuple[str, ...] = (),
+) -> None:
     # A returned failure is the reply's own unless one came first; it never marks the span
     # ERROR, because the operation did not fail: it reported a failure.
     log = current_failure_log()
     own = decisive and (log is None or log.report.failure_id is None)
-    get_recorder().record(report, own=False, recovered=not own, event_attributes=extra)
+    get_recorder().record(report, own=False, recovered=not own, event_attributes=extra, terminal=terminal)
     if log is not None:
         log.add(report, own=own)

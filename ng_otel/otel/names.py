@@ -1,4 +1,4 @@
-"""Every telemetry name ng_otel emits (DESIGN section 3): the project's semantic conventions.
+"""Every telemetry name ng_otel emits: the project's semantic conventions (docs/conventions.md).
 
 Tests, docs, collector configs and alert rules use these exact strings; nothing else in the
 package spells them.

@@ -99,6 +99,7 @@ class FailureRecorder:
         recovered: bool | None = None,
         event_attributes: Mapping[str, Any] | None = None,
         spans: Mapping[str, Span] | None = None,
+        terminal: Collection[str] = (),
     ) -> int:
         """Record every event of ``report`` not known yet, causes before effects.
 
@@ -106,7 +107,8 @@ class FailureRecorder:
         ERROR). ``recovered`` forces the recovered attribute; by default an event is recovered
         when it is off the chain of ``report.failure_id``. ``event_attributes`` are added to
         every event (for example ``ng.verify.masked``); ``spans`` puts chosen events on other
-        spans than ``span``. Returns how many were new.
+        spans than ``span``; ``terminal`` names events an environment decided are terminal
+        for their episode (DATA, whatever their kind). Returns how many were new.
         """
         target = span if span is not None else trace.get_current_span()
         if recovered is None:
@@ -126,13 +128,13 @@ class FailureRecorder:
                 where = targets[id(chosen)]
             else:
                 where = targets[id(chosen)] = _Target(chosen, event_attributes)
-            is_recovered = event_id in recovered_ids
+            flags = (event_id in recovered_ids, event_id == own_id, event_id in terminal)
             if not where.recording:
-                recorded += self._record_late(record, where, is_recovered, event_id == own_id)
+                recorded += self._record_late(record, where, *flags)
             # Claimed with the span it goes on, so a concurrent recorder of the same id skips it;
             # an id known already was recorded here or exported by a callee: link, never copy.
             elif self.index.add(event_id, where.context):
-                self._emit(record, where, is_recovered, event_id == own_id)
+                self._emit(record, where, *flags)
                 recorded += 1
         return recorded
 
@@ -148,7 +150,9 @@ class FailureRecorder:
             if event_id in report.events:
                 self.index.set(event_id, context)
 
-    def _record_late(self, record: Mapping[str, Any], target: _Target, recovered: bool, own: bool) -> bool:
+    def _record_late(
+        self, record: Mapping[str, Any], target: _Target, recovered: bool, own: bool, terminal: bool
+    ) -> bool:
         """An ended or unsampled span takes no events: a short span in the same trace does,
         with its links set at creation. True when the event was recorded now."""
         event_id = record["event_id"]
@@ -159,7 +163,7 @@ class FailureRecorder:
         links = self._links(record, target)
         span = self.tracer.start_span(names.LATE_SPAN_PREFIX + record["failure_kind"], context=context, links=links)
         try:
-            self._emit(record, _Target(span, target.extra), recovered, own, linked=True)
+            self._emit(record, _Target(span, target.extra), recovered, own, terminal, linked=True)
         finally:
             span.end()
         self.index.set(event_id, span.get_span_context())
@@ -178,14 +182,20 @@ class FailureRecorder:
         return [Link(cause_context, attributes)]
 
     def _emit(
-        self, record: Mapping[str, Any], target: _Target, recovered: bool, own: bool, linked: bool = False
+        self,
+        record: Mapping[str, Any],
+        target: _Target,
+        recovered: bool,
+        own: bool,
+        terminal: bool,
+        linked: bool = False,
     ) -> None:
         span = target.span
         event_id = record["event_id"]
         kind = record["failure_kind"]
         stage = record.get("stage")
         status = record.get("http_status")
-        failure_class = self.classifier.classify(kind, status).value
+        failure_class = self.classifier.classify(kind, status, terminal=terminal).value
         attributes: dict[str, Any] = {
             names.ID: event_id,
             names.BOUNDARY: record["boundary"],

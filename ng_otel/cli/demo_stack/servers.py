@@ -117,8 +117,13 @@ def resources_app() -> FastAPI:
 
     @app.post("/episode")
     async def episode(body: dict[str, Any]) -> dict[str, Any]:
-        """An environment step loop that handles its failures and returns them."""
-        result: dict[str, Any] = {"trajectory": ["reset", "observe", "act"]}
+        """An environment step loop that handles its failures and returns them, answered in
+        NeMo Gym 0.7.0's ``BaseEpisodeResponse`` shape."""
+        response: dict[str, Any] = {
+            "episode_id": {"rollout_id": str(body.get("scenario", "demo")), "attempt": 0},
+            "task_id": {"taskset": "demo:episodes", "task_id": "0"},
+            "result": {"trajectory": ["reset", "observe", "act"]},
+        }
         if body.get("scenario") == "episode_lost":
             try:
                 raise NgFailureEvent(
@@ -137,7 +142,7 @@ def resources_app() -> FastAPI:
             handled_episode_failure(
                 "session_release_failed", "could not release the sandbox", stage="cleanup", terminal=False
             )
-        return episode_response(result)
+        return episode_response(response)
 
     @app.post("/verify")
     async def verify(body: dict[str, Any]) -> dict[str, Any]:
