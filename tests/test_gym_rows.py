@@ -39,6 +39,7 @@ ENVIRONMENT_FAILED = {
     "_ng_failure_message": "sandbox never became ready",
     "_ng_failure_stage": "seed",
 }
+# judge_failsafe's masked reply as collection saves it (routed to the sidecar in 0.7.0).
 JUDGE_ROW = {
     "_ng_task_index": 5,
     "_ng_rollout_index": 0,

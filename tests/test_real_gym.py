@@ -27,7 +27,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,7 +62,6 @@ REPR_BODY = re.compile(
 REPO = Path(__file__).resolve().parent.parent
 GYM_VENV_TIMEOUT = 30 * 60  # building the cached venv from the registry takes ~3 minutes
 INSTALL_TIMEOUT = 15 * 60
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ def _real_gym(what: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def gym_venv(tmp_path_factory) -> GymVenv:
+def gym_venv(ng_otel_dist) -> Iterator[GymVenv]:
     """Real NeMo Gym 0.7.0 (``tools/real-gym.sh venv``) with this checkout's ng_otel installed.
 
     Skipped only when the registry cannot be reached: if the venv cannot be built but the Gym
@@ -116,15 +114,7 @@ def gym_venv(tmp_path_factory) -> GymVenv:
     lock = open(venv / ".ng-otel-lane.lock", "w")  # held (shared) for the whole session
     _lock(lock, fcntl.LOCK_EX)
     try:
-        # Built from a clean copy: an egg-info or a build/ folder left in the checkout by an
-        # editable install would change what the wheel and its entry points contain.
-        source = tmp_path_factory.mktemp("ng-otel-source") / "ng_otel"
-        shutil.copytree(REPO, source, ignore=NOT_SOURCE)
-        dist = tmp_path_factory.mktemp("ng-otel-wheel")
-        built = _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)], INSTALL_TIMEOUT)
-        if built.returncode != 0:
-            pytest.fail(f"python -m build --wheel failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}")
-        (built_wheel,) = dist.glob("ng_otel-*.whl")
+        (built_wheel,) = ng_otel_dist.glob("ng_otel-*.whl")  # built from a clean copy of the tree
         pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
         deps = _run(
             [

@@ -222,3 +222,19 @@ def test_gym_telemetry_switched_on_without_nemo_lens_leaves_ng_otel_installing_i
     done = run({"NEMO_GYM_OTEL_ENABLED": "1", "OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"})
     assert done.returncode == 0, done.stderr
     assert '"name": "ng.failure"' in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "service"),
+    [
+        ({"NEMO_GYM_CONFIG_PATH": "math_resources"}, "math_resources"),
+        ({"NEMO_GYM_CONFIG_PATH": "math_resources", "OTEL_SERVICE_NAME": "chosen"}, "chosen"),
+        ({"NEMO_GYM_CONFIG_PATH": "math_resources", "OTEL_RESOURCE_ATTRIBUTES": "service.name=attr"}, "attr"),
+    ],
+)
+def test_a_gym_server_is_named_after_its_gym_config_unless_the_standard_variables_say(env, service):
+    script = "import ng_otel; from opentelemetry import trace\n"
+    script += "ng_otel.enable(); print(trace.get_tracer_provider().resource.attributes['service.name'])"
+    done = run({**env, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}, script=script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == service

@@ -3,11 +3,12 @@
 Gym Main saves each reply's report beside its row (``_ng_failure_events``,
 ``_ng_failure_id``, ``_ng_failure_events_omitted``). NeMo Gym 0.7.0, what users run today,
 saves no events: its rollout collection writes each failed attempt to a
-``<stem>_failures.jsonl`` sidecar with ``_ng_failure_class`` and evidence keys, and a judge
-failure stays in the main rows with ``mask_sample`` and ``_ng_failure_judge_error``
-(``nemo_gym/rollout_collection.py`` and ``nemo_gym/judge.py``). ``row_report`` reads either
-as a ``FailureReport``; a 0.7.0 row becomes one event whose kind is its class. Every row key
-ng_otel reads is named here.
+``<stem>_failures.jsonl`` sidecar with ``_ng_failure_class`` and evidence keys; a judge
+failure's row (``judge_failsafe``'s masked verify reply, with ``mask_sample`` and
+``_ng_failure_judge_error``) is routed there too (``nemo_gym/rollout_collection.py`` and
+``nemo_gym/judge.py``). ``row_report`` reads either format as a ``FailureReport``, wherever
+the row is; a 0.7.0 row becomes one event whose kind is its class. Every row key ng_otel
+reads is named here.
 """
 
 from __future__ import annotations

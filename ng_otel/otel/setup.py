@@ -45,6 +45,7 @@ _owned: list[Any] = []  # providers enable() created, flushed and shut down by s
 # that is set decides, and its telemetry needs nemo-lens to run at all.
 GYM_TELEMETRY_SWITCHES = ("NEMO_GYM_OTEL_ENABLED", "NEMO_LENS_ENABLED")
 _GYM_TRUTHY = ("1", "true", "yes", "on")
+GYM_SERVER_NAME = "NEMO_GYM_CONFIG_PATH"  # set by Gym in each server process it starts
 
 
 @guarded
@@ -135,9 +136,16 @@ def _pipeline_self_metrics() -> Iterator[None]:
 
 
 def _resource(service_name: str | None) -> Any:
+    """``service_name``, else the standard ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES``,
+    else the server's name in Gym's config: every server process Gym starts shares one
+    environment, so that is what tells them apart."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
-    return Resource.create({SERVICE_NAME: service_name} if service_name else {})
+    resource = Resource.create({SERVICE_NAME: service_name} if service_name else {})
+    gym_server = os.environ.get(GYM_SERVER_NAME, "").strip()
+    if gym_server and str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: gym_server}))
+    return resource
 
 
 def _exporter_choice(signal: str) -> str:
