@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from ng_otel.cli.show import read_lines
 from ng_otel.contract import NgFailureEvent, failure_report_for
-from ng_otel.integrations.collection import ReplaySummary, replay_row, report_row
+from ng_otel.gym.collection import ReplaySummary, replay_row, report_row
 from ng_otel.otel import names
 from ng_otel.otel.recorder import FailureRecorder, install_recorder
 

@@ -12,7 +12,7 @@ import pytest
 from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
 from ng_otel.cli.receiver import OtlpReceiver
 from ng_otel.contract import FailureReport
-from ng_otel.integrations.collection import row_report
+from ng_otel.gym.collection import row_report
 
 pytestmark = pytest.mark.e2e
 

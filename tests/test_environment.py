@@ -5,8 +5,8 @@ import pytest
 
 from ng_otel import NgFailureEvent
 from ng_otel.contract import EpisodeFailure, FailureReport
+from ng_otel.gym.episodes import episode_response, handled_episode_failure, record_verify_outcome
 from ng_otel.integrations import instrument_app
-from ng_otel.integrations.environment import episode_response, handled_episode_failure, record_verify_outcome
 from ng_otel.otel import names
 from ng_otel.otel.failure_log import close_failure_log, open_failure_log
 from ng_otel.testing import capture_failures

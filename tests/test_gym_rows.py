@@ -12,7 +12,7 @@ import pytest
 from ng_otel import NgFailureEvent
 from ng_otel.contract.report import failure_report_for
 from ng_otel.contract.rows import NO_REASON, row_report, row_terminal
-from ng_otel.integrations.collection import report_row
+from ng_otel.gym.collection import report_row
 
 AGENT_REQUEST_FAILED = {
     "_ng_task_index": 3,

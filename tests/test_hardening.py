@@ -18,7 +18,7 @@ from ng_otel.contract.events import ForeignError
 from ng_otel.integrations import instrument_app
 from ng_otel.otel.failure_log import close_failure_log, open_failure_log
 from ng_otel.otel.links import decode_context_header
-from ng_otel.otel.setup import RepeatLimit
+from ng_otel.otel.providers import RepeatLimit
 from ng_otel.testing import capture_failures
 from tests.test_asgi import call
 

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
-from ng_otel.integrations.collection import row_report
+from ng_otel.gym.collection import row_report
 
 JAEGER = os.environ.get("NG_OTEL_TEST_JAEGER_URL")
 pytestmark = [

@@ -55,7 +55,7 @@ def test_the_plain_wheel_installs_imports_and_runs_the_command_in_a_clean_enviro
         [
             str(python),
             "-c",
-            "import ng_otel, ng_otel.contract, ng_otel.integrations.collection;"
+            "import ng_otel, ng_otel.contract, ng_otel.gym.collection;"
             "print(ng_otel.__version__, len(ng_otel.FAILURE_KINDS))",
         ],
         capture_output=True,

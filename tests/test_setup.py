@@ -11,7 +11,7 @@ SCRIPT = textwrap.dedent(
     """
     import ng_otel
     from ng_otel import NgFailureEvent, record_failure
-    from ng_otel.otel.setup import flush
+    from ng_otel.otel.providers import flush
     from opentelemetry import trace
 
     first = ng_otel.enable("agent-server")

@@ -48,7 +48,7 @@ from ng_otel.contract import (
     kinds,
 )
 from ng_otel.contract.events import MAX_REASON_CHARS
-from ng_otel.integrations.environment import episode_response, handled_episode_failure, record_verify_outcome
+from ng_otel.gym.episodes import episode_response, handled_episode_failure, record_verify_outcome
 from ng_otel.testing import capture_failures
 from tests.test_records import FAILURE, rollout
 

@@ -35,8 +35,8 @@ PUBLIC: dict[str, list[str]] = {
         "failure_report_middleware",
         "HttpError",
     ],
-    "ng_otel.integrations.collection": ["report_row", "row_report", "replay_rows"],
-    "ng_otel.integrations.environment": ["handled_episode_failure", "episode_response", "record_verify_outcome"],
+    "ng_otel.gym.collection": ["report_row", "row_report", "replay_rows"],
+    "ng_otel.gym.episodes": ["handled_episode_failure", "episode_response", "record_verify_outcome"],
     "ng_otel.testing": ["capture_failures", "CapturedTelemetry"],
     "ng_otel.pytest_plugin": ["ng_otel_capture"],
 }

@@ -79,8 +79,8 @@ def show_file(path: Path, console: Console, *, kind: str | None = None, boundary
 def replay_file(path: Path, console: Console) -> int:
     """Stream the rows through the configured exporters; memory stays flat on any size."""
     from ng_otel.cli.show import BadLine, read_lines
-    from ng_otel.integrations.collection import ReplaySummary, replay_row
-    from ng_otel.otel.setup import enable, shutdown
+    from ng_otel.gym.collection import ReplaySummary, replay_row
+    from ng_otel.otel.providers import enable, shutdown
 
     if enable("ng-otel-replay") is None:
         console.print("[red]ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)[/red]")

@@ -28,8 +28,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from ng_otel.gym.episodes import record_verify_outcome
 from ng_otel.integrations._exchange import failure_reply, reply_headers
-from ng_otel.integrations.environment import record_verify_outcome
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import FailureLog, close_failure_log, open_failure_log

@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from ng_otel.otel._guard import guarded
-from ng_otel.otel.setup import enable
+from ng_otel.otel.providers import enable
 
 _PATCHED: list[tuple[Any, str, Any]] = []
 

@@ -10,8 +10,8 @@ import aiohttp
 from opentelemetry import trace
 
 import ng_otel
+from ng_otel.gym.collection import report_row
 from ng_otel.integrations.aiohttp import failure_trace_config, reply_report
-from ng_otel.integrations.collection import report_row
 
 SCENARIOS = (
     "model_timeout",
@@ -66,7 +66,7 @@ def main() -> None:
 
     from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 
-    from ng_otel.otel.setup import shutdown
+    from ng_otel.otel.providers import shutdown
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--agent-url", required=True)

@@ -20,9 +20,9 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 import ng_otel
 from ng_otel import NgFailureEvent, observe_failure
+from ng_otel.gym.episodes import episode_response, handled_episode_failure
 from ng_otel.integrations.aiohttp import failure_trace_config, raise_boundary_failure
 from ng_otel.integrations.asgi import FailureReportMiddleware
-from ng_otel.integrations.environment import episode_response, handled_episode_failure
 
 
 class JudgeSdkError(Exception):

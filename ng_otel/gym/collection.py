@@ -1,0 +1,111 @@
+"""Rollout collection: save each reply's failures beside its row, and replay saved rows.
+
+    async with session.post(agent_url, json=task) as response:
+        row = {**await response.json(), **report_row(reply_report(response))}
+
+Rows keep the contract's keys (``_ng_failure_events``, ``_ng_failure_id``,
+``_ng_failure_events_omitted``) plus ``_ng_failure_contexts``, the span contexts the events
+were exported on, so a replayed chain has the live chain's shape and links to it. Replay and
+``row_report`` also read NeMo Gym 0.7.0's rows (its ``_failures.jsonl`` sidecar and judge
+rows), one event each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.trace import Link, Span, SpanContext
+
+from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
+from ng_otel.contract.report import FailureReport
+from ng_otel.contract.rows import row_report
+from ng_otel.otel import names
+from ng_otel.otel.links import decode_context_map, format_span_context
+from ng_otel.otel.recorder import get_recorder, is_enabled
+
+__all__ = ["ReplaySummary", "replay_row", "replay_rows", "report_row", "row_contexts", "row_report"]
+
+
+def report_row(report: FailureReport | None, contexts: Mapping[str, SpanContext] | None = None) -> dict[str, Any]:
+    """The row keys for ``report``; ``contexts`` defaults to where this process knows each
+    event was exported. An empty report adds no key, so healthy rows stay as they were."""
+    row: dict[str, Any] = {}
+    if report is None:
+        return row
+    if report.events:
+        row[ROW_EVENTS] = {event_id: dict(record) for event_id, record in report.events.items()}
+    if report.failure_id is not None:
+        row[ROW_FAILURE_ID] = report.failure_id
+    if report.omitted:
+        row[ROW_OMITTED] = True
+    if contexts is None and is_enabled():
+        contexts = get_recorder().index.contexts_for(report.events)
+    if contexts:
+        row[names.ROW_CONTEXTS] = {event_id: format_span_context(ctx) for event_id, ctx in contexts.items()}
+    return row
+
+
+def row_contexts(row: Mapping[str, Any]) -> dict[str, SpanContext] | None:
+    """The saved span contexts of a row (``None`` when it saved none)."""
+    saved = row.get(names.ROW_CONTEXTS)
+    if saved is None:
+        return None
+    try:
+        return decode_context_map(saved)
+    except ValueError as error:
+        raise ValueError(f"{names.ROW_CONTEXTS}: {error}") from None
+
+
+@dataclass
+class ReplaySummary:
+    rows: int = 0
+    with_failures: int = 0
+    events_recorded: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+def replay_rows(rows: Iterable[Mapping[str, Any]], *, first_line: int = 1) -> ReplaySummary:
+    """Turn saved rows back into telemetry through the configured providers. Events saved
+    with a live span context are linked to, never exported again; a row with bad data is
+    skipped and reported with its line number."""
+    summary = ReplaySummary()
+    for line, row in enumerate(rows, start=first_line):
+        replay_row(row, line, summary)
+    return summary
+
+
+def replay_row(row: Mapping[str, Any], line: int, summary: ReplaySummary) -> None:
+    """Replay one saved row into ``summary`` (see ``replay_rows``); never raises for bad data."""
+    summary.rows += 1
+    try:
+        report = row_report(row)
+        contexts = row_contexts(row) if report is not None else None
+    except ValueError as error:
+        summary.skipped.append((line, str(error)))
+        return
+    if report is None or not report.events:
+        return
+    summary.with_failures += 1
+    recorder = get_recorder()
+    if all(event_id in recorder.index for event_id in report.events):
+        return  # replayed (or recorded) here already: each event once
+    # One replay span per live span the row saved, linked to it, so the replayed chain has
+    # the live chain's shape: the same ids, and a cause link wherever the live run had one.
+    live = {event_id: ctx for event_id, ctx in (contexts or {}).items() if ctx.is_valid and event_id in report.events}
+    spans: dict[str, Span] = {}
+    by_live: dict[tuple[int, int], Span] = {}
+    for event_id, context in live.items():
+        key = (context.trace_id, context.span_id)
+        if key not in by_live:
+            link = Link(context, {names.LINK_TYPE: names.LINK_REPLAY_OF})
+            by_live[key] = recorder.tracer.start_span(names.REPLAY_SPAN, links=[link])
+        spans[event_id] = by_live[key]
+    unplaced = any(event_id not in spans for event_id in report.events)
+    opened = [*by_live.values(), *([recorder.tracer.start_span(names.REPLAY_SPAN)] if unplaced else [])]
+    try:
+        summary.events_recorded += recorder.record(report, opened[-1], own=True, spans=spans)
+    finally:
+        for span in opened:
+            span.end()
