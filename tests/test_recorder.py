@@ -12,6 +12,7 @@ from ng_otel.contract import FailureReport, NgFailureEvent, failure_report_for, 
 from ng_otel.otel import names
 from ng_otel.otel import recorder as recorder_module
 from ng_otel.otel.links import LinkIndex, decode_context_header, encode_context_header
+from ng_otel.otel.recorder import get_recorder
 from ng_otel.testing import CapturedTelemetry, capture_failures
 from tests.test_events import SdkError, raise_chain
 
@@ -359,3 +360,15 @@ def test_link_index_is_an_lru_with_flat_memory():
 def test_malformed_context_headers_raise_value_error(value):
     with pytest.raises(ValueError, match="X-NG-Failure-Context"):
         decode_context_header(value)
+
+
+def test_events_recorded_with_count_off_are_exported_but_never_counted():
+    with capture_failures() as telemetry:
+        try:
+            raise NgFailureEvent("transport_timeout", "model timed out", boundary="model")
+        except NgFailureEvent as error:
+            report = failure_report_for(error)
+        with telemetry.tracer.start_as_current_span("replay"):
+            assert get_recorder().record(report, own=True, count=False) == 1
+    assert [e["ng.failure.kind"] for e in telemetry.failure_events()] == ["transport_timeout"]
+    assert telemetry.count() == 0

@@ -100,6 +100,7 @@ class FailureRecorder:
         event_attributes: Mapping[str, Any] | None = None,
         spans: Mapping[str, Span] | None = None,
         terminal: Collection[str] = (),
+        count: bool = True,
     ) -> int:
         """Record every event of ``report`` not known yet, causes before effects.
 
@@ -108,7 +109,9 @@ class FailureRecorder:
         when it is off the chain of ``report.failure_id``. ``event_attributes`` are added to
         every event (for example ``ng.verify.masked``); ``spans`` puts chosen events on other
         spans than ``span``; ``terminal`` names events an environment decided are terminal
-        for their episode (DATA, whatever their kind). Returns how many were new.
+        for their episode (DATA, whatever their kind). ``count=False`` exports the events
+        without adding them to ``ng.failures`` (a replay into a backend that already counted
+        them live). Returns how many were new.
         """
         target = span if span is not None else trace.get_current_span()
         if recovered is None:
@@ -116,7 +119,7 @@ class FailureRecorder:
         else:
             recovered_ids = report.events if recovered else ()
         own_id = report.failure_id if own else None
-        on = _Target(target, event_attributes)
+        on = _Target(target, event_attributes, count)
         targets: dict[int, _Target] = {}
         recorded = 0
         for record in causes_first(report.events):
@@ -127,7 +130,7 @@ class FailureRecorder:
             elif id(chosen) in targets:
                 where = targets[id(chosen)]
             else:
-                where = targets[id(chosen)] = _Target(chosen, event_attributes)
+                where = targets[id(chosen)] = _Target(chosen, event_attributes, count)
             flags = (event_id in recovered_ids, event_id == own_id, event_id in terminal)
             if not where.recording:
                 recorded += self._record_late(record, where, *flags)
@@ -163,7 +166,7 @@ class FailureRecorder:
         links = self._links(record, target)
         span = self.tracer.start_span(names.LATE_SPAN_PREFIX + record["failure_kind"], context=context, links=links)
         try:
-            self._emit(record, _Target(span, target.extra), recovered, own, terminal, linked=True)
+            self._emit(record, _Target(span, target.extra, target.counted), recovered, own, terminal, linked=True)
         finally:
             span.end()
         self.index.set(event_id, span.get_span_context())
@@ -229,8 +232,9 @@ class FailureRecorder:
         if own:
             _mark_error(span, kind)
 
-        labels = (record["boundary"], self.kinds.label(kind), recovered, failure_class, stage)
-        self._failures.add(labels, target.context)
+        if target.counted:
+            labels = (record["boundary"], self.kinds.label(kind), recovered, failure_class, stage)
+            self._failures.add(labels, target.context)
         if self._logger is not None:
             self._logger.emit(
                 event_name=names.EVENT,
@@ -244,11 +248,12 @@ class FailureRecorder:
 class _Target:
     """The span failures go on, with what every event needs from it computed once."""
 
-    __slots__ = ("context", "extra", "recording", "span")
+    __slots__ = ("context", "counted", "extra", "recording", "span")
 
-    def __init__(self, span: Span, extra: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, span: Span, extra: Mapping[str, Any] | None = None, counted: bool = True) -> None:
         self.span = span
         self.extra = extra
+        self.counted = counted
         self.context = span.get_span_context()
         self.recording = span.is_recording()
 
