@@ -7,6 +7,11 @@
 ``ng_otel_capture`` records the failure telemetry of the code under test in memory (spans,
 events, links, metric points, log records; see ``ng_otel.testing.CapturedTelemetry``) and
 restores the previous recorder afterwards.
+
+Under pytest, an internal error of ng_otel raises in the test that caused it instead of being
+logged and skipped as in production, so a bug fails a test rather than hiding in a log (ini
+option ``ng_otel_raise_internal_errors = false`` turns that off; ``ng_otel.testing.
+internal_errors_logged()`` does for one block, for tests of that production behaviour).
 """
 
 from __future__ import annotations
@@ -15,7 +20,18 @@ from collections.abc import Iterator
 
 import pytest
 
+from ng_otel.otel._guard import raise_internal_errors
 from ng_otel.testing import CapturedTelemetry, capture_failures
+
+RAISE_OPTION = "ng_otel_raise_internal_errors"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(RAISE_OPTION, "raise ng_otel's internal errors in tests (default true)", type="bool", default=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    raise_internal_errors(bool(config.getini(RAISE_OPTION)))
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from opentelemetry.trace import SpanContext
 
 from ng_otel._version import __version__
 from ng_otel.otel import names
+from ng_otel.otel._guard import internal_errors_raise, raise_internal_errors
 from ng_otel.otel.recorder import FailureRecorder, get_recorder, install_recorder, is_enabled
 from ng_otel.otel.settings import Settings
 
@@ -75,7 +76,7 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
 class CapturedTelemetry:
     """What the code under test exported: spans, metric points and log records."""
 
-    def __init__(self, signals: str = "spans,logs", max_kinds: int = 200) -> None:
+    def __init__(self, signals: str = "spans", max_kinds: int = 200) -> None:
         self.span_exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider(
             id_generator=SequentialIdGenerator(), resource=Resource.create({"service.name": "test"})
@@ -91,7 +92,7 @@ class CapturedTelemetry:
             self.tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE, __version__),
             self.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, __version__),
             self.logger_provider.get_logger(names.INSTRUMENTATION_SCOPE, __version__),
-            Settings.from_env({}, signals=signals, max_kinds=max_kinds),
+            Settings.resolve(signals=signals, max_kinds=max_kinds, environ={}),
         )
 
     def spans(self) -> list[dict[str, Any]]:
@@ -206,7 +207,7 @@ class CapturedTelemetry:
 
 
 @contextmanager
-def capture_failures(signals: str = "spans,logs", max_kinds: int = 200) -> Iterator[CapturedTelemetry]:
+def capture_failures(signals: str = "spans", max_kinds: int = 200) -> Iterator[CapturedTelemetry]:
     """Install an in-memory recorder for the duration of the block, then restore the previous."""
     captured = CapturedTelemetry(signals=signals, max_kinds=max_kinds)
     previous, was_enabled = get_recorder(), is_enabled()
@@ -217,3 +218,15 @@ def capture_failures(signals: str = "spans,logs", max_kinds: int = 200) -> Itera
         install_recorder(previous, enabled=was_enabled)
         captured.tracer_provider.shutdown()
         captured.logger_provider.shutdown()
+
+
+@contextmanager
+def internal_errors_logged() -> Iterator[None]:
+    """Within the block, ng_otel's internal errors are logged and skipped as in production,
+    even under the pytest plugin (which makes them raise): for tests of that behaviour."""
+    previous = internal_errors_raise()
+    raise_internal_errors(False)
+    try:
+        yield
+    finally:
+        raise_internal_errors(previous)

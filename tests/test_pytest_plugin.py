@@ -64,3 +64,10 @@ def test_assert_chain_checks_links_and_single_export(ng_otel_capture):
         record_failure(top)
     chain = ng_otel_capture.assert_chain("agent_run_error", "transport_timeout")
     assert [event["ng.failure.id"] for event in chain] == [top.event_id, cause.event_id]
+
+
+def test_the_capture_helper_records_as_production_does_by_default():
+    from ng_otel.otel.settings import Settings
+    from ng_otel.testing import CapturedTelemetry
+
+    assert CapturedTelemetry().recorder.settings == Settings.resolve(environ={})

@@ -13,7 +13,7 @@ from ng_otel.otel import names
 from ng_otel.otel import recorder as recorder_module
 from ng_otel.otel.links import LinkIndex, decode_context_header, encode_context_header
 from ng_otel.otel.recorder import get_recorder
-from ng_otel.testing import CapturedTelemetry, capture_failures
+from ng_otel.testing import CapturedTelemetry, capture_failures, internal_errors_logged
 from tests.test_events import SdkError, raise_chain
 
 
@@ -314,14 +314,27 @@ def test_internal_errors_are_swallowed_and_logged_once(caplog, monkeypatch):
             raise RuntimeError("meter broke")
 
         monkeypatch.setattr(telemetry.recorder, "record", explode)
-        with caplog.at_level(logging.DEBUG, logger="ng_otel"):
+        with caplog.at_level(logging.DEBUG, logger="ng_otel"), internal_errors_logged():
             record_failure(model_timeout())
             record_failure(model_timeout())
             record_failure("not a failure")  # type: ignore[arg-type]
             record_failure(model_timeout(), span=object())  # type: ignore[arg-type]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "internal error" in warnings[0].getMessage()
+    assert len(warnings) == 1
+    assert "internal error in _record (RuntimeError: meter broke)" in warnings[0].getMessage()
     assert "model timed out" not in caplog.text
+
+
+def test_under_the_test_suite_an_internal_error_fails_the_test_that_caused_it(monkeypatch):
+    # The ng_otel pytest plugin turns raising on, for this suite and users' suites alike.
+    with capture_failures() as telemetry:
+
+        def explode(*args, **kwargs):
+            raise RuntimeError("meter broke")
+
+        monkeypatch.setattr(telemetry.recorder, "record", explode)
+        with pytest.raises(RuntimeError, match="meter broke"):
+            record_failure(model_timeout())
 
 
 def test_disabled_is_a_flag_check(monkeypatch):

@@ -100,10 +100,60 @@ def test_a_collector_that_is_down_never_breaks_the_program():
     assert done.stdout.strip() == "enabled"
 
 
-def test_malformed_settings_are_reported_and_do_not_raise():
-    done = run({"NG_OTEL_SIGNALS": "traces", "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"})
+@pytest.mark.parametrize(
+    ("env", "warning"),
+    [
+        ({"NG_OTEL_SIGNALS": "traces"}, "NG_OTEL_SIGNALS='traces': expected spans, logs or spans,logs"),
+        ({"NG_OTEL_MAX_KINDS": "abc"}, "NG_OTEL_MAX_KINDS='abc': expected a positive integer"),
+        ({"NG_OTEL_LINK_INDEX_SIZE": "0"}, "NG_OTEL_LINK_INDEX_SIZE='0': expected a positive integer"),
+        ({"NG_OTEL_ENABLED": "maybe"}, "NG_OTEL_ENABLED='maybe': expected 1/0, true/false, yes/no or on/off"),
+        # The SDK rejects this inside its BatchSpanProcessor (batch 512 > queue 256): nothing is
+        # installed, not even the meter provider built before it.
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "256"}, "OTEL_BSP_MAX_QUEUE_SIZE='256'"),
+        ({"OTEL_TRACES_EXPORTER": "nosuch"}, "OTEL_TRACES_EXPORTER='nosuch'"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon"}, "Unsupported OTLP protocol 'carrier-pigeon'"),
+    ],
+)
+def test_a_bad_setting_leaves_everything_off_with_one_warning_naming_it(env, warning):
+    script = SCRIPT + textwrap.dedent(
+        """
+        from opentelemetry import metrics
+        print(type(trace.get_tracer_provider()).__name__, type(metrics.get_meter_provider()).__name__)
+        """
+    )
+    done = run({"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_HEADERS": "api-key=secret", **env}, script=script)
     assert done.returncode == 0, done.stderr
-    assert "ng_otel: not enabled: NG_OTEL_SIGNALS: expected spans, logs or spans,logs" in done.stderr
+    assert done.stdout.split() == ["disabled", "ProxyTracerProvider", "_ProxyMeterProvider"]
+    warnings = [line for line in done.stderr.splitlines() if "ng_otel" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("ng_otel: not enabled: ") and warning in warnings[0]
+    assert "secret" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        ('ng_otel.enable("svc", max_kind=5)', "TypeError"),
+        ('ng_otel.enable("svc", max_kinds=0)', "SettingsError: max_kinds='0': expected a positive integer"),
+        ('ng_otel.enable("svc", enabled="yes")', "SettingsError: enabled='yes': expected True or False"),
+        ('ng_otel.enable("svc", signals="traces")', "SettingsError: signals='traces'"),
+    ],
+)
+def test_a_misspelt_or_ill_typed_argument_fails_loudly_in_the_callers_code(call, error):
+    done = run({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}, script=f"import ng_otel\n{call}\n")
+    assert done.returncode == 1 and error in done.stderr
+
+
+def test_every_exporter_of_a_comma_list_gets_the_spans(otlp):
+    done = run(
+        {
+            "OTEL_TRACES_EXPORTER": "otlp,console",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint,
+            "OTEL_METRICS_EXPORTER": "none",
+        }
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"name": "POST /run"' in done.stdout  # the console exporter
+    assert otlp.wait_for(lambda: len(otlp.failure_events()) == 2)  # and the default OTLP protocol: gRPC
 
 
 SELF_METRICS = textwrap.dedent(

@@ -1,4 +1,16 @@
-"""Instrumentation runs inside someone else's request, so no entry point may raise into it."""
+"""Instrumentation runs inside someone else's request, so no entry point may raise into it.
+
+    @guarded                      # the function returns None after an internal error
+    def record(...): ...
+
+    with guard("reply headers"):  # the block is skipped from the error on
+        ...
+
+An internal error is logged, never raised: one WARNING line per place naming the exception's
+type and (bounded) message, the stack at DEBUG. Under a test suite that asks for it
+(``raise_internal_errors()``; the ``ng_otel`` pytest plugin does, for this project's tests
+and users' alike), it is raised instead, so a bug fails a test rather than hiding in a log.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +18,75 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TypeVar, cast
 
 _log = logging.getLogger("ng_otel")
 _reported: set[str] = set()
 _lock = threading.Lock()
+_raise = False
+MAX_MESSAGE_CHARS = 200  # an exception's message may quote data: a WARNING shows only its start
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def log_internal_error(where: str) -> None:
-    """Call from an ``except`` block: one WARNING line per place, the stack at DEBUG."""
+def raise_internal_errors(value: bool = True) -> None:
+    """Raise internal errors instead of logging them (for test suites)."""
+    global _raise
+    _raise = value
+
+
+def internal_errors_raise() -> bool:
+    return _raise
+
+
+class guard:
+    """A context manager that logs and swallows an ``Exception`` raised in its block (see
+    the module docstring); ``guarded`` makes one the body of a function."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> guard:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> bool:
+        if error is None or not isinstance(error, Exception) or _raise:
+            return False
+        report_internal_error(self.where, error)
+        return True
+
+
+def report_internal_error(where: str, error: BaseException) -> None:
+    """One WARNING line per place, naming the exception; the stack at DEBUG every time."""
     with _lock:
         first = where not in _reported
         _reported.add(where)
     if first:
-        _log.warning("ng_otel: internal error in %s; telemetry for this call was skipped", where)
-    _log.debug("ng_otel: internal error in %s", where, exc_info=True)
+        message = str(error)
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + "..."
+        _log.warning(
+            "ng_otel: internal error in %s (%s: %s); telemetry for this call was skipped",
+            where,
+            type(error).__name__,
+            message,
+        )
+    _log.debug("ng_otel: internal error in %s", where, exc_info=error)
 
 
 def guarded(function: F) -> F:
-    """Catch and log every ``Exception`` of ``function`` and return ``None`` instead."""
-    where = function.__qualname__
+    """``function`` under a ``guard`` named after it: ``None`` after an internal error."""
+    block = guard(function.__qualname__)  # stateless: one per function, none per call
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with block:
             return function(*args, **kwargs)
-        except Exception:
-            log_internal_error(where)
-            return None
+        return None
 
     return cast(F, wrapper)

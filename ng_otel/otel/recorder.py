@@ -34,10 +34,10 @@ from ng_otel.contract.kinds import FAILURE_KINDS, is_well_formed
 from ng_otel.contract.report import FailureReport, failure_report_for
 from ng_otel.otel import names
 from ng_otel.otel._failure_tally import failure_tally
-from ng_otel.otel._guard import guarded, log_internal_error
+from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import current_failure_log
 from ng_otel.otel.links import LinkIndex
-from ng_otel.otel.settings import Settings
+from ng_otel.otel.settings import Settings, SettingsError, warn_not_enabled
 
 Failure = NgFailureEvent | FailureReport | BaseException
 
@@ -293,11 +293,12 @@ def as_report(failure: Failure) -> FailureReport | None:
 
 
 def _enabled_from_env() -> bool:
+    # A bad NG_OTEL_* variable leaves everything off, as enable() does, with its warning.
     try:
-        return Settings.from_env().enabled
-    except (TypeError, ValueError):
-        log_internal_error("NG_OTEL_* settings")
-        return True
+        return Settings.resolve().enabled
+    except SettingsError as error:
+        warn_not_enabled(str(error))
+        return False
 
 
 _enabled = _enabled_from_env()
@@ -315,9 +316,16 @@ def get_recorder() -> FailureRecorder:
                     trace.get_tracer(names.INSTRUMENTATION_SCOPE, __version__),
                     metrics.get_meter(names.INSTRUMENTATION_SCOPE, __version__),
                     get_logger(names.INSTRUMENTATION_SCOPE, __version__),
-                    Settings.from_env(),
+                    _settings_or_defaults(),
                 )
     return _recorder
+
+
+def _settings_or_defaults() -> Settings:
+    try:
+        return Settings.resolve()
+    except SettingsError:  # changed since start-up: the start-up decision stands
+        return Settings()
 
 
 def install_recorder(recorder: FailureRecorder | None, *, enabled: bool = True) -> None:

@@ -1,25 +1,120 @@
-"""Configuration, read once: explicit arguments, then the environment, then defaults.
+"""ng_otel's own settings: explicit arguments, then ``NG_OTEL_*`` variables, then defaults.
 
-| variable | default | meaning |
-|---|---|---|
-| ``NG_OTEL_ENABLED`` | ``1`` | ``0``/``false`` turns every entry point into a flag check |
-| ``NG_OTEL_SIGNALS`` | ``spans`` | ``spans``, ``logs`` or ``spans,logs``: logs mode emits log records |
-| ``NG_OTEL_MAX_KINDS`` | ``200`` | distinct unregistered kinds labelled per process before ``_other`` |
-| ``NG_OTEL_LINK_INDEX_SIZE`` | ``10000`` | event ids whose span context a process remembers for links |
-
-Every standard ``OTEL_*`` variable is read by the OpenTelemetry SDK and exporters themselves.
+Each variable is declared once, in ``PARAMS``; ``Settings`` and the table in
+``docs/configuration.md`` both come from it (a test keeps the two equal). Every standard
+``OTEL_*`` variable is read by the OpenTelemetry SDK and exporters themselves.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-SIGNALS = frozenset({"spans", "logs"})
+SIGNALS: Final = frozenset({"spans", "logs"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_SHOWN_CHARS = 40  # how much of a bad value an error message quotes
+
+Source = Literal["argument", "environment", "default"]
+
+
+class SettingsError(ValueError):
+    """A setting's value is not one ng_otel can use; the message names it and the value."""
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_not_enabled(reason: str) -> None:
+    """The one WARNING line that says why ng_otel stays off (once per reason per process:
+    start-up and each ``enable()`` call reach the same verdict)."""
+    with _warned_lock:
+        if reason in _warned:
+            return
+        _warned.add(reason)
+    logging.getLogger("ng_otel").warning("ng_otel: not enabled: %s", reason)
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+def parse_signals(raw: str) -> frozenset[str]:
+    items = frozenset(part.strip().lower() for part in raw.split(",") if part.strip())
+    if not items or not items <= SIGNALS:
+        raise ValueError("expected spans, logs or spans,logs")
+    return items
+
+
+def parse_positive_int(raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ValueError("expected a positive integer") from None
+    if value < 1:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+@dataclass(frozen=True)
+class Param:
+    """One setting: its attribute on ``Settings``, its variable, how a value is read, its
+    default, and what it means (the documentation's words)."""
+
+    attribute: str
+    variable: str
+    parse: Callable[[str], Any]
+    default: Any
+    default_text: str
+    meaning: str
+
+
+PARAMS: Final = (
+    Param(
+        "enabled",
+        "NG_OTEL_ENABLED",
+        parse_bool,
+        True,
+        "1",
+        "`0`/`false`: every entry point is a flag check, nothing is recorded or sent",
+    ),
+    Param(
+        "signals",
+        "NG_OTEL_SIGNALS",
+        parse_signals,
+        frozenset({"spans"}),
+        "spans",
+        "where each failure goes: `spans` (an `ng.failure` span event), `logs` (an OTel log record with "
+        '`event_name="ng.failure"` in the span\'s context, instead of the span event) or `spans,logs` (both); '
+        "links and counts are the same in every mode",
+    ),
+    Param(
+        "max_kinds",
+        "NG_OTEL_MAX_KINDS",
+        parse_positive_int,
+        200,
+        "200",
+        "distinct unregistered kinds labelled per process before further new ones count as `_other`",
+    ),
+    Param(
+        "link_index_size",
+        "NG_OTEL_LINK_INDEX_SIZE",
+        parse_positive_int,
+        10_000,
+        "10000",
+        "event ids whose span context a process remembers for links and exactly-once (LRU)",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -28,55 +123,65 @@ class Settings:
     signals: frozenset[str] = frozenset({"spans"})
     max_kinds: int = 200
     link_index_size: int = 10_000
+    sources: Mapping[str, Source] = field(default_factory=dict, compare=False, repr=False)
+    """Where each value came from: ``argument``, ``environment`` or ``default``."""
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Arguments win over ``NG_OTEL_*`` variables, which win over defaults. A malformed
-        variable raises ``ValueError`` naming it: a typo in deployment config should be loud."""
+    def resolve(
+        cls,
+        *,
+        enabled: bool | None = None,
+        signals: str | frozenset[str] | set[str] | None = None,
+        max_kinds: int | None = None,
+        link_index_size: int | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Settings:
+        """Arguments win over ``NG_OTEL_*`` variables, which win over defaults. A bad value
+        raises ``SettingsError`` naming the argument or variable and the value."""
+        arguments = {"enabled": enabled, "signals": signals, "max_kinds": max_kinds, "link_index_size": link_index_size}
         env = os.environ if environ is None else environ
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
         values: dict[str, Any] = {}
-        if "NG_OTEL_ENABLED" in env:
-            values["enabled"] = _parse_bool("NG_OTEL_ENABLED", env["NG_OTEL_ENABLED"])
-        if "NG_OTEL_SIGNALS" in env:
-            values["signals"] = env["NG_OTEL_SIGNALS"]
-        if "NG_OTEL_MAX_KINDS" in env:
-            values["max_kinds"] = _parse_int("NG_OTEL_MAX_KINDS", env["NG_OTEL_MAX_KINDS"])
-        if "NG_OTEL_LINK_INDEX_SIZE" in env:
-            values["link_index_size"] = _parse_int("NG_OTEL_LINK_INDEX_SIZE", env["NG_OTEL_LINK_INDEX_SIZE"])
-        values.update(overrides)
-        values["signals"] = _parse_signals(values.get("signals", cls.signals))
-        for name in ("max_kinds", "link_index_size"):
-            if name in values and (type(values[name]) is not int or values[name] < 1):
-                raise ValueError(f"{name}: must be a positive integer")
-        return cls(**values)
+        sources: dict[str, Source] = {}
+        for param in PARAMS:
+            given = arguments[param.attribute]
+            if given is not None:
+                values[param.attribute], sources[param.attribute] = _argument(param, given), "argument"
+            elif param.variable in env:
+                values[param.attribute], sources[param.attribute] = _variable(param, env[param.variable]), "environment"
+            else:
+                values[param.attribute], sources[param.attribute] = param.default, "default"
+        return cls(**values, sources=sources)
 
 
-def _parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{name}: expected one of 1/0/true/false, got {raw[:20]!r}")
-
-
-def _parse_int(name: str, raw: str) -> int:
+def _variable(param: Param, raw: str) -> Any:
     try:
-        return int(raw.strip())
-    except ValueError:
-        raise ValueError(f"{name}: expected an integer, got {raw[:20]!r}") from None
+        return param.parse(raw)
+    except ValueError as error:
+        raise SettingsError(f"{param.variable}={raw[:_SHOWN_CHARS]!r}: {error}") from None
 
 
-def _parse_signals(raw: object) -> frozenset[str]:
-    if isinstance(raw, str):
-        items = {part.strip() for part in raw.split(",") if part.strip()}
-    elif isinstance(raw, (set, frozenset, list, tuple)):
-        items = {str(part) for part in raw}
-    else:
-        raise ValueError("NG_OTEL_SIGNALS: expected a comma-separated string")
-    if not items or not items <= SIGNALS:
-        raise ValueError(f"NG_OTEL_SIGNALS: expected spans, logs or spans,logs, got {sorted(items)!r}"[:120])
-    return frozenset(items)
+def _argument(param: Param, value: object) -> Any:
+    # Typed arguments, checked like the variables: a bool is not a count, a count is positive.
+    try:
+        if param.attribute == "enabled":
+            if not isinstance(value, bool):
+                raise ValueError("expected True or False")
+            return value
+        if param.attribute == "signals":
+            if isinstance(value, str):
+                return parse_signals(value)
+            if isinstance(value, (set, frozenset, list, tuple)) and all(isinstance(v, str) for v in value):
+                return parse_signals(",".join(value))
+            raise ValueError("expected spans, logs or spans,logs")
+        if type(value) is not int or value < 1:
+            raise ValueError("expected a positive integer")
+        return value
+    except ValueError as error:
+        raise SettingsError(f"{param.attribute}={str(value)[:_SHOWN_CHARS]!r}: {error}") from None
+
+
+def variables_table() -> str:
+    """The ``NG_OTEL_*`` table of ``docs/configuration.md``, made from ``PARAMS``."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{p.variable}` | `{p.default_text}` | {p.meaning} |" for p in PARAMS]
+    return "\n".join(rows)
