@@ -1,7 +1,7 @@
 """A FastAPI server that reports its Gym failures, enabled in code (no opentelemetry-instrument).
 
     pip install 'ng-otel[fastapi]' uvicorn
-    OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 uvicorn fastapi_server:app
+    OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 uvicorn fastapi_server:app   # gRPC, the default
 
 ``POST /run`` fails with a two-event chain; its reply carries ``X-NG-Failure-Report``.
 """
