@@ -1,9 +1,10 @@
-"""``ng-otel``: demo, replay, show and kinds.
+"""``ng-otel``: the command line.
 
 ng-otel demo                   run the example Gym stack and print its failure chains
 ng-otel replay rows.jsonl      saved rollout rows -> telemetry through the OTEL_* exporters
 ng-otel show FILE              rows or OTLP JSON lines as failure-chain trees
 ng-otel kinds [--check FILE]   the shared vocabulary; unregistered kinds in saved rows
+ng-otel doctor                 what ng_otel would do with this environment, and whether it gets anywhere
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     show_parser.add_argument("file", type=Path)
     show_parser.add_argument("--kind", help="only chains with an event of this failure_kind")
     show_parser.add_argument("--boundary", help="only chains with an event at this boundary")
+    commands.add_parser("doctor", help="what ng_otel would do here: settings, providers, exporters (exit 1: nowhere)")
     kinds = commands.add_parser("kinds", help="the shared failure-kind vocabulary")
     kinds.add_argument("--check", type=Path, metavar="FILE", help="list unregistered kinds in saved rows (exit 1)")
     args = parser.parse_args(argv)
@@ -49,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return replay_file(args.file, console)
         if args.command == "show":
             return show_file(args.file, console, kind=args.kind, boundary=args.boundary)
+        if args.command == "doctor":
+            from ng_otel.cli.doctor import run_doctor
+
+            return run_doctor(console)
         return show_kinds(console, args.check)
     except FileNotFoundError as error:
         console.print(f"[red]ng-otel: no such file: {error.filename}[/red]")

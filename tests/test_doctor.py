@@ -1,0 +1,41 @@
+"""``ng-otel doctor``, installed, from a folder of its own: what ng_otel would do here."""
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_working_setup_is_ok_and_says_where_each_setting_came_from(ng_otel_cli, otlp):
+    done = ng_otel_cli(
+        "doctor",
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint, "NG_OTEL_MAX_KINDS": "7", "OTEL_SERVICE_NAME": "svc"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "NG_OTEL_MAX_KINDS       │ 7     │ environment" in out and "NG_OTEL_ENABLED         │ True  │ default" in out
+    assert "service.name: svc" in out and otlp.grpc_endpoint in out
+    assert out.count("│ yes ") == 2  # the trace and metric endpoints answer
+    assert "opentelemetry-instrument loads ng_otel: yes" in out and "verdict: ok" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, "nothing answers at http://127.0.0.1:9"),
+        ({"NG_OTEL_MAX_KINDS": "abc"}, "NG_OTEL_MAX_KINDS='abc': expected a positive integer"),
+        ({"NG_OTEL_ENABLED": "0"}, "ng_otel is switched off"),
+        ({"OTEL_TRACES_EXPORTER": "nosuch", "OTEL_METRICS_EXPORTER": "none"}, "Requested component 'nosuch' not found"),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}, "would be recorded nowhere"),
+    ],
+)
+def test_telemetry_that_would_go_nowhere_exits_non_zero_and_says_why(ng_otel_cli, env, problem):
+    done = ng_otel_cli("doctor", env=env)
+    assert done.returncode == 1, done.stdout
+    assert problem in " ".join(done.stdout.split())  # rich wraps long lines
+    assert "verdict: failures would be recorded nowhere" in done.stdout
+
+
+def test_a_console_exporter_delivers_even_when_the_otlp_endpoint_is_down(ng_otel_cli):
+    env = {"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    done = ng_otel_cli("doctor", env=env)
+    assert done.returncode == 0 and "verdict: ok, with the problems above" in done.stdout
