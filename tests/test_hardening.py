@@ -5,7 +5,6 @@ import json
 import logging
 import sys
 import threading
-import time
 
 import pytest
 from fastapi import FastAPI
@@ -183,7 +182,8 @@ def test_sync_handlers_in_the_threadpool_never_see_each_others_failures():
 
 def test_the_sdks_per_span_queue_full_warning_is_limited_to_one_per_interval(caplog):
     logger = logging.getLogger("ng_otel.test.repeat")
-    limit = RepeatLimit(logger, interval=0.3)
+    scheduled = []  # the interval's end, which the test brings about itself
+    limit = RepeatLimit(logger, interval=60, schedule=lambda seconds, action: scheduled.append((seconds, action)))
     logger.addFilter(limit)
     try:
         with caplog.at_level(logging.WARNING, logger="ng_otel.test.repeat"):
@@ -192,12 +192,14 @@ def test_the_sdks_per_span_queue_full_warning_is_limited_to_one_per_interval(cap
             # The repeats are stopped by the level, before any record is built.
             assert not logger.isEnabledFor(logging.WARNING)
             logger.error("an export failed")
-            time.sleep(0.6)
+            ((seconds, reopen),) = scheduled
+            assert seconds == 60
+            reopen()
             assert logger.isEnabledFor(logging.WARNING)
             logger.warning("Queue full, dropping %s.", "span")
+        scheduled[-1][1]()  # the second interval ends after caplog restored the logger's level
     finally:
         logger.filters.clear()
-        time.sleep(0.6)  # the second interval ends after caplog restored the logger's level
     assert [r.getMessage() for r in caplog.records] == [
         "Queue full, dropping span.",
         "an export failed",

@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -308,9 +308,15 @@ class RepeatLimit(logging.Filter):
     The drops are counted in ``otel.sdk.processor.span.processed{error.type="queue_full"}``
     meanwhile."""
 
-    def __init__(self, logger: logging.Logger, interval: float = 60.0) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval: float = 60.0,
+        schedule: Callable[[float, Callable[[], None]], object] | None = None,
+    ) -> None:
         super().__init__()
         self.interval = interval
+        self._schedule = schedule or _after  # tests pass their own clock
         self._logger = logger
         self._quiet = False
         self._level = logger.level
@@ -324,9 +330,7 @@ class RepeatLimit(logging.Filter):
                 return False  # built before the raised level took effect
             self._quiet, self._level = True, self._logger.level
         self._logger.setLevel(logging.ERROR)
-        reopen = threading.Timer(self.interval, self._reopen)
-        reopen.daemon = True
-        reopen.start()
+        self._schedule(self.interval, self._reopen)
         return True
 
     def _reopen(self) -> None:
@@ -334,6 +338,13 @@ class RepeatLimit(logging.Filter):
             if self._logger.level == logging.ERROR:  # unless someone set another level meanwhile
                 self._logger.setLevel(self._level)
             self._quiet = False
+
+
+def _after(seconds: float, action: Callable[[], None]) -> threading.Timer:
+    timer = threading.Timer(seconds, action)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _quiet_repeated_sdk_warnings() -> None:
