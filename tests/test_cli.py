@@ -178,6 +178,25 @@ def test_show_draws_trees_filters_and_reports_bad_lines_with_their_numbers(rows_
     assert "scenario b" in by_boundary.stdout and "scenario a" not in by_boundary.stdout
 
 
+def test_show_limit_stops_after_n_groups_and_full_ids_print_ids_jaeger_can_search(rows_file, tmp_path, ng_otel_cli):
+    limited = ng_otel_cli("show", str(rows_file), "--limit", "1")
+    assert limited.returncode == 0
+    assert "scenario a" in limited.stdout and "scenario b" not in limited.stdout
+    assert "1 failure chain group(s) shown" in limited.stdout and "--limit" in limited.stdout
+    event_id = "0123456789abcdef" * 2
+    row = {
+        "_ng_failure_id": event_id,
+        "_ng_failure_events": {event_id: {**FIXTURE_ROWS[0]["_ng_failure_events"]["e1"]}},
+    }
+    row["_ng_failure_events"][event_id]["event_id"] = event_id
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    short = ng_otel_cli("show", str(path))
+    assert event_id[:12] in short.stdout and event_id not in short.stdout
+    full = ng_otel_cli("show", str(path), "--full-ids")
+    assert full.stdout.splitlines()[1].endswith(event_id)
+
+
 def test_kinds_lists_the_vocabulary_and_check_finds_unregistered_kinds(rows_file, ng_otel_cli):
     listing = ng_otel_cli("kinds")
     assert listing.returncode == 0 and "24 shared failure kinds" in listing.stdout

@@ -3,6 +3,8 @@
 ng-otel demo                   run the example Gym stack and print its failure chains
 ng-otel replay rows.jsonl      saved rollout rows -> telemetry through the OTEL_* exporters
 ng-otel show FILE              rows or OTLP JSON lines as failure-chain trees
+ng-otel summary FILE...        what failed, where and why: counts by kind, boundary, class, root
+ng-otel report FILE... -o F    the summary as one self-contained HTML page of charts and trees
 ng-otel kinds [--check FILE]   the shared vocabulary; unregistered kinds in saved rows
 ng-otel doctor                 what ng_otel would do with this environment, and whether it gets anywhere
 """
@@ -10,14 +12,13 @@ ng-otel doctor                 what ng_otel would do with this environment, and 
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -34,9 +35,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay = commands.add_parser("replay", help="saved rollout rows -> telemetry through the OTEL_* exporters")
     replay.add_argument("file", type=Path)
     show_parser = commands.add_parser("show", help="rows or OTLP JSON lines as failure-chain trees")
-    show_parser.add_argument("file", type=Path)
+    show_parser.add_argument("file", type=Path, nargs="+")
     show_parser.add_argument("--kind", help="only chains with an event of this failure_kind")
     show_parser.add_argument("--boundary", help="only chains with an event at this boundary")
+    show_parser.add_argument("--limit", type=_count, metavar="N", help="show at most N chain groups per file")
+    show_parser.add_argument("--full-ids", action="store_true", help="whole event ids (what Jaeger searches)")
+    summary = commands.add_parser("summary", help="what failed, where and why, in rows or OTLP JSON lines")
+    summary.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    summary.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    report = commands.add_parser("report", help="the summary as one self-contained HTML page")
+    report.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    report.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="default: report.html")
     commands.add_parser("doctor", help="what ng_otel would do here: settings, providers, exporters (exit 1: nowhere)")
     kinds = commands.add_parser("kinds", help="the shared failure-kind vocabulary")
     kinds.add_argument("--check", type=Path, metavar="FILE", help="list unregistered kinds in saved rows (exit 1)")
@@ -50,36 +59,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "replay":
             return replay_file(args.file, console)
         if args.command == "show":
-            return show_file(args.file, console, kind=args.kind, boundary=args.boundary)
+            return show_file(
+                args.file, console, kind=args.kind, boundary=args.boundary, limit=args.limit, full_ids=args.full_ids
+            )
+        if args.command in ("summary", "report"):
+            from ng_otel.cli.summary import summary_command
+
+            return summary_command(args, console)
         if args.command == "doctor":
             from ng_otel.cli.doctor import run_doctor
 
             return run_doctor(console)
         return show_kinds(console, args.check)
     except FileNotFoundError as error:
-        console.print(f"[red]ng-otel: no such file: {error.filename}[/red]")
+        console.print(f"[red]ng-otel: no such file: {escape(str(error.filename))}[/red]")
+        return EXIT_USAGE
+    except OSError as error:  # a folder, no permission: one line, no traceback
+        console.print(f"[red]ng-otel: cannot read {escape(str(error.filename))}: {escape(error.strerror or '')}[/red]")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_FAILED
 
 
-def show_file(path: Path, console: Console, *, kind: str | None = None, boundary: str | None = None) -> int:
-    from ng_otel.cli.show import BadLine, groups_from_otlp, groups_from_rows, is_otlp, read_lines, show
+def show_file(
+    paths: Sequence[Path],
+    console: Console,
+    *,
+    kind: str | None = None,
+    boundary: str | None = None,
+    limit: int | None = None,
+    full_ids: bool = False,
+) -> int:
+    from ng_otel.cli.show import show_paths
 
-    with path.open(encoding="utf-8") as stream:
-        lines = read_lines(stream)
-        first = next(lines, None)
-        if first is None:
-            console.print("[dim]empty file[/dim]")
-            return EXIT_OK
-        everything = itertools.chain([first], lines)
-        otlp = not isinstance(first[1], BadLine) and is_otlp(first[1])
-        groups = groups_from_otlp(everything) if otlp else groups_from_rows(everything)
-        shown, bad = show(groups, console, kind=kind, boundary=boundary)
-    console.print(f"{shown} failure chain group(s) shown from {path}")
-    for item in bad:
-        console.print(f"[red]line {item.line}: skipped: {item.message}[/red]")
-    return EXIT_OK
+    return show_paths(paths, console, kind=kind, boundary=boundary, limit=limit, full_ids=full_ids)
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
 
 
 def replay_file(path: Path, console: Console) -> int:
@@ -146,7 +166,7 @@ def show_kinds(console: Console, check: Path | None) -> int:
         return EXIT_OK
     unregistered: Counter[str] = Counter()
     first_line: dict[str, int] = {}
-    for number, kind in _kinds_in(check):
+    for number, kind in _kinds_in(check, console):
         if not is_registered(kind) and not is_namespaced(kind):
             unregistered[kind] += 1
             first_line.setdefault(kind, number)
@@ -162,14 +182,14 @@ def show_kinds(console: Console, check: Path | None) -> int:
     return EXIT_FAILED
 
 
-def _kinds_in(path: Path) -> Iterator[tuple[int, str]]:
-    from ng_otel.contract.rows import row_report
+def _kinds_in(path: Path, console: Console) -> Iterator[tuple[int, str]]:
+    from ng_otel.cli.show import scan_file
+    from ng_otel.contract.rows import read_row
 
-    with path.open(encoding="utf-8") as stream:
-        for number, text in enumerate(stream, start=1):
-            try:
-                report = row_report(json.loads(text))
-            except ValueError:
-                continue
-            for record in report.events.values() if report is not None else ():
-                yield number, record["failure_kind"]
+    for number, value in scan_file(path, console, "checking"):
+        try:
+            report = read_row(value)
+        except ValueError:
+            continue
+        for record in report.events.values() if report is not None else ():
+            yield number, record["failure_kind"]

@@ -1,26 +1,44 @@
-"""Failure chains read from saved rollout rows or OTLP JSON lines, drawn as trees."""
+"""Failure chains read from saved rollout rows or OTLP JSON lines, drawn as trees.
+
+Rows stream: one tree per row, memory flat on any file. OTLP JSON lines are grouped by trace
+(a trace's spans come in many lines), and traces joined by a cause link are one tree.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 from rich.console import Console
 from rich.markup import escape
-from rich.tree import Tree
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from ng_otel.contract.report import FailureReport
-from ng_otel.contract.rows import ROW_ROLLOUT_INDEX, ROW_TASK_INDEX, row_report, row_terminal
+from ng_otel.contract.rows import (
+    ROW_ROLLOUT_INDEX,
+    ROW_TASK_INDEX,
+    SkippedLine,
+    read_json_lines,
+    read_row,
+    row_terminal,
+)
 from ng_otel.otel import names
 
-MAX_SHOWN_REASON = 160  # a tree line is for a glance; the full reason is in the trace
+MAX_SHOWN_REASON: Final = 160  # a tree line is for a glance; the full reason is in the trace
+SHORT_ID: Final = 12
+MAX_LISTED_BAD: Final = 50  # skipped lines listed at the end; the rest are counted
+PROGRESS_AFTER: Final = 1.0  # seconds: a read shorter than this shows no progress bar
+_PROGRESS_EVERY: Final = 1000  # lines between progress checks
 
 
 @dataclass
 class FailureGroup:
-    """The failures of one rollout row or one trace, with where they came from."""
+    """The failures of one rollout row or one trace (or traces a cause link joins)."""
 
     title: str
     events: dict[str, dict[str, Any]]
@@ -48,8 +66,11 @@ class BadLine:
     message: str
 
 
+# -- reading ---------------------------------------------------------------------------------
+
+
 def read_lines(stream: Iterable[str]) -> Iterator[tuple[int, Any]]:
-    """(line number, decoded JSON or BadLine) for each non-blank line."""
+    """(line number, decoded JSON or BadLine) for each non-blank line of text lines."""
     for number, text in enumerate(stream, start=1):
         if not text.strip():
             continue
@@ -57,6 +78,72 @@ def read_lines(stream: Iterable[str]) -> Iterator[tuple[int, Any]]:
             yield number, json.loads(text)
         except json.JSONDecodeError as error:
             yield number, BadLine(number, f"not JSON: {error.msg} at column {error.colno}")
+        except RecursionError:
+            yield number, BadLine(number, "not JSON: nested too deeply")
+
+
+def scan_file(path: Path, console: Console | None, description: str) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded JSON value or ``SkippedLine``) for each non-blank line of ``path``,
+    lines bounded (``read_json_lines``); on a terminal, a progress bar once the read has taken
+    a second."""
+    with path.open("rb") as stream:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        progress = _LazyProgress(console, f"{description} {escape(path.name)}", size or None)
+        try:
+            for count, item in enumerate(read_json_lines(stream), start=1):
+                if count % _PROGRESS_EVERY == 0:
+                    progress.tick(stream)
+                yield item
+        finally:
+            progress.close()
+
+
+class _LazyProgress:
+    """A transient progress bar that appears only on a terminal and only after a second."""
+
+    def __init__(self, console: Console | None, description: str, total: int | None) -> None:
+        self._console = console if console is not None and console.is_terminal else None
+        self._description, self._total = description, total
+        self._show_at = time.monotonic() + PROGRESS_AFTER
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+
+    def tick(self, stream: Any) -> None:
+        if self._console is None:
+            return
+        if self._progress is None:
+            if time.monotonic() < self._show_at:
+                return
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}%"),
+                TimeElapsedColumn(),
+                console=self._console,
+                transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self._description, total=self._total)
+        try:
+            position = stream.tell()
+        except OSError:  # a pipe
+            return
+        assert self._task is not None
+        self._progress.update(self._task, completed=position)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def is_otlp(first: Any) -> bool:
+    return isinstance(first, dict) and any(key in first for key in ("resourceSpans", "resourceMetrics", "resourceLogs"))
+
+
+# -- rows ------------------------------------------------------------------------------------
 
 
 def groups_from_rows(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | BadLine]:
@@ -64,8 +151,11 @@ def groups_from_rows(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup 
         if isinstance(row, BadLine):
             yield row
             continue
+        if isinstance(row, SkippedLine):
+            yield BadLine(row.line, row.reason)
+            continue
         try:
-            report = row_report(row)
+            report = read_row(row)
         except ValueError as error:
             yield BadLine(number, str(error))
             continue
@@ -77,8 +167,9 @@ def groups_from_rows(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup 
 def _row_title(number: int, row: Mapping[str, Any]) -> str:
     parts = [f"line {number}"]
     for key, label in _TITLE_KEYS:
-        if key in row and isinstance(row[key], (str, int)) and not isinstance(row[key], bool):
-            parts.append(f"{label} {row[key]}")
+        value = row.get(key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            parts.append(f"{label} {value}")
     if row_terminal(row):
         parts.append("terminal")
     return " · ".join(parts)
@@ -98,107 +189,276 @@ _TITLE_KEYS = (
 def _group_of(title: str, report: FailureReport) -> FailureGroup:
     return FailureGroup(
         title=title,
-        events={event_id: dict(record) for event_id, record in report.events.items()},
+        events=report.events,  # type: ignore[arg-type]  # read only here
         failure_id=report.failure_id,
         omitted=report.omitted,
-        recovered=set(report.recovered_ids()),
+        recovered=set(report.recovered_ids()) if len(report.events) > 1 or report.failure_id is None else set(),
     )
 
 
+# -- OTLP JSON lines -------------------------------------------------------------------------
+
+
+def otlp_failure_events(data: Mapping[str, Any], traces: set[str]) -> Iterator[tuple[str, dict[str, Any] | None, int]]:
+    """(trace id, the event's attributes or ``None`` when it lacks its id, kind or boundary,
+    time in unix nanoseconds or 0) for each ``ng.failure`` span event and log record of one
+    OTLP JSON line; each span's trace id is added to ``traces``. Tolerant of any shape."""
+    for resource_spans in _list(data.get("resourceSpans")):
+        service = _attributes(_dict(_dict(resource_spans).get("resource")).get("attributes")).get("service.name", "?")
+        for scope_spans in _list(_dict(resource_spans).get("scopeSpans")):
+            for span in _list(_dict(scope_spans).get("spans")):
+                span = _dict(span)
+                trace_id = str(span.get("traceId", "?"))
+                traces.add(trace_id)
+                for event in _list(span.get("events")):
+                    event = _dict(event)
+                    if event.get("name") == names.EVENT:
+                        yield trace_id, _failure_attributes(event.get("attributes"), service), _time(event)
+    for resource_logs in _list(data.get("resourceLogs")):
+        service = _attributes(_dict(_dict(resource_logs).get("resource")).get("attributes")).get("service.name", "?")
+        for scope_logs in _list(_dict(resource_logs).get("scopeLogs")):
+            for log in _list(_dict(scope_logs).get("logRecords")):
+                log = _dict(log)
+                if log.get("eventName") == names.EVENT:
+                    yield str(log.get("traceId", "?")), _failure_attributes(log.get("attributes"), service), _time(log)
+
+
+def _failure_attributes(items: Any, service: Any) -> dict[str, Any] | None:
+    attributes = _attributes(items)
+    if not all(isinstance(attributes.get(key), str) for key in (names.ID, names.KIND, names.BOUNDARY)):
+        return None
+    attributes["service.name"] = service
+    return attributes
+
+
+def _time(item: Mapping[str, Any]) -> int:
+    try:
+        return int(item.get("timeUnixNano", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _attributes(items: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for item in _list(items):
+        value = _dict(_dict(item).get("value"))
+        for kind in ("stringValue", "boolValue", "intValue", "doubleValue"):
+            if kind in value:
+                raw = value[kind]
+                if kind == "intValue":
+                    try:
+                        raw = int(raw) if isinstance(raw, (int, str)) and len(str(raw)) < 20 else None
+                    except ValueError:
+                        raw = None
+                if raw is not None:
+                    values[str(_dict(item).get("key", ""))] = raw
+    return values
+
+
 def groups_from_otlp(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | BadLine]:
-    """One group per trace, from the ``ng.failure`` span events of OTLP JSON trace lines."""
+    """One group per trace, from the ``ng.failure`` events of OTLP JSON lines; traces that a
+    cause link joins (a cause recorded in another trace) are one group, so one tree."""
     traces: dict[str, FailureGroup] = {}
+    where: dict[str, str] = {}  # event id -> trace id
+    seen: set[str] = set()
     for number, data in lines:
         if isinstance(data, BadLine):
             yield data
             continue
-        for resource_spans in data.get("resourceSpans", []) if isinstance(data, dict) else []:
-            service = _attributes(resource_spans.get("resource", {}).get("attributes", [])).get("service.name", "?")
-            for scope_spans in resource_spans.get("scopeSpans", []):
-                for span in scope_spans.get("spans", []):
-                    trace_id = span.get("traceId", "?")
-                    group = traces.setdefault(trace_id, FailureGroup(title=f"trace {trace_id}", events={}))
-                    for event in span.get("events", []):
-                        if event.get("name") != names.EVENT:
-                            continue
-                        record = _record_of(_attributes(event.get("attributes", [])))
-                        if record is None:
-                            yield BadLine(number, "an ng.failure event without its id, kind or boundary")
-                            continue
-                        group.events[record["event_id"]] = record
-                        group.services[record["event_id"]] = str(service)
-                        if record.pop("recovered", False):
-                            group.recovered.add(record["event_id"])
-    yield from (group for group in traces.values() if group.events)
+        if isinstance(data, SkippedLine):
+            yield BadLine(data.line, data.reason)
+            continue
+        if not isinstance(data, dict):
+            yield BadLine(number, "not OTLP JSON: a line is a JSON object")
+            continue
+        for trace_id, attributes, _ in otlp_failure_events(data, seen):
+            if attributes is None:
+                yield BadLine(number, "an ng.failure event without its id, kind or boundary")
+                continue
+            record = _record_of(attributes)
+            event_id = record["event_id"]
+            group = traces.setdefault(trace_id, FailureGroup(title=f"trace {trace_id}", events={}))
+            group.events[event_id] = record
+            where.setdefault(event_id, trace_id)
+            group.services[event_id] = str(attributes["service.name"])
+            if record.pop("recovered", False):
+                group.recovered.add(event_id)
+    yield from _joined(traces, where)
 
 
-def _attributes(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    values = {}
-    for item in items:
-        value = item.get("value", {})
-        for kind in ("stringValue", "boolValue", "intValue", "doubleValue"):
-            if kind in value:
-                values[item.get("key", "")] = int(value[kind]) if kind == "intValue" else value[kind]
-    return values
+def _joined(traces: dict[str, FailureGroup], where: Mapping[str, str]) -> Iterator[FailureGroup]:
+    parent = {trace_id: trace_id for trace_id in traces}
+
+    def find(trace_id: str) -> str:
+        while parent[trace_id] != trace_id:
+            parent[trace_id] = parent[parent[trace_id]]
+            trace_id = parent[trace_id]
+        return trace_id
+
+    for trace_id, group in traces.items():
+        for record in group.events.values():
+            cause_trace = where.get(record.get("cause_id") or "")
+            if cause_trace is not None and cause_trace != trace_id:
+                parent[find(trace_id)] = find(cause_trace)
+    members: dict[str, list[str]] = {}
+    for trace_id in traces:
+        members.setdefault(find(trace_id), []).append(trace_id)
+    for trace_ids in members.values():
+        if len(trace_ids) == 1:
+            group = traces[trace_ids[0]]
+        else:
+            group = FailureGroup(title="traces " + " + ".join(trace_ids), events={})
+            for trace_id in trace_ids:
+                group.events.update(traces[trace_id].events)
+                group.services.update(traces[trace_id].services)
+                group.recovered |= traces[trace_id].recovered
+        if group.events:
+            yield group
 
 
-def _record_of(attributes: Mapping[str, Any]) -> dict[str, Any] | None:
-    if not all(key in attributes for key in (names.ID, names.KIND, names.BOUNDARY)):
-        return None
+def _record_of(attributes: Mapping[str, Any]) -> dict[str, Any]:
     record = {
         "event_id": str(attributes[names.ID]),
         "boundary": str(attributes[names.BOUNDARY]),
         "failure_kind": str(attributes[names.KIND]),
         "failure_reason": str(attributes.get(names.REASON, "")),
-        "recovered": bool(attributes.get(names.RECOVERED, False)),
+        "recovered": attributes.get(names.RECOVERED) is True,
     }
     for key, name in (("stage", names.STAGE), ("http_status", names.HTTP_STATUS), ("cause_id", names.CAUSE_ID)):
         if name in attributes:
             record[key] = attributes[name]
+    if isinstance(attributes.get(names.FOREIGN_TYPE), str):
+        record["foreign_error"] = {"type": attributes[names.FOREIGN_TYPE]}
     return record
 
 
+# -- drawing ---------------------------------------------------------------------------------
+
+
 def printable(text: str, limit: int = MAX_SHOWN_REASON) -> str:
-    """Safe for a terminal: no control characters (no escape sequences), no rich markup."""
-    clean = "".join(c if c.isprintable() else "\N{REPLACEMENT CHARACTER}" for c in text)
-    if len(clean) > limit:
-        clean = clean[: limit - 1] + "\N{HORIZONTAL ELLIPSIS}"
-    return escape(clean)
+    """Safe for a terminal and for rich markup: no control characters (no escape sequences),
+    markup escaped."""
+    return escape(clean(text, limit))
 
 
-def _label(group: FailureGroup, record: Mapping[str, Any]) -> str:
-    event_id = record["event_id"]
-    details = [record["boundary"]]
+def clean(text: str, limit: int = MAX_SHOWN_REASON) -> str:
+    """Safe for a terminal: no control characters, at most ``limit`` characters."""
+    text = text[: limit + 1]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "\N{REPLACEMENT CHARACTER}" for c in text)
+    if len(text) > limit:
+        text = text[: limit - 1] + "\N{HORIZONTAL ELLIPSIS}"
+    return text
+
+
+Line = list[tuple[str, str]]  # (text, rich style) segments
+
+
+def tree_lines(group: FailureGroup, *, full_ids: bool = False) -> list[Line]:
+    """The group's tree, line by line: its title, then each chain from its top effect down to
+    its root cause, each child the cause of the node above."""
+    title: Line = [(clean(group.title, 200 if not full_ids else 2000), "cyan")]
+    if group.omitted:
+        title.append(("  report omitted", "red"))
+    lines = [title]
+    chains: list[list[Mapping[str, Any]]] = []
+    shown: set[str] = set()
+    for root in group.roots():
+        chain: list[Mapping[str, Any]] = []
+        current: str | None = root
+        while current is not None and current in group.events and current not in shown:
+            shown.add(current)
+            chain.append(group.events[current])
+            current = group.events[current].get("cause_id")
+        chains.append(chain)
+    for number, chain in enumerate(chains, start=1):
+        prefix = ""
+        for depth, record in enumerate(chain):
+            last = depth > 0 or number == len(chains)
+            lines.extend(_node_lines(group, record, prefix + ("└── " if last else "├── "), full_ids))
+            lines[-1][0] = (prefix + ("    " if last else "│   "), "tree.line")
+            prefix += "    " if last else "│   "
+    if group.omitted and not group.events:
+        lines.append(
+            [("└── ", "tree.line"), ("the reply's report exceeded 4096 bytes; its events are in the traces", "dim")]
+        )
+    return lines
+
+
+def _node_lines(group: FailureGroup, record: Mapping[str, Any], guide: str, full_ids: bool) -> list[Line]:
+    event_id = str(record["event_id"])
+    details = [str(record["boundary"])]
     if record.get("stage"):
         details.append(f"stage {record['stage']}")
     if record.get("http_status"):
         details.append(str(record["http_status"]))
     if event_id in group.services:
         details.append(group.services[event_id])
+    head: Line = [(guide, "tree.line"), (clean(str(record["failure_kind"]), 80), "bold")]
+    if event_id in group.recovered:
+        head.append((" (recovered)", "yellow"))
+    head += [
+        ("  " + clean(" · ".join(details), 120), ""),
+        ("  " + clean(event_id if full_ids else event_id[:SHORT_ID], 128), "dim"),
+    ]
+    body: Line = [("", ""), (clean(str(record["failure_reason"])), "")]
     foreign = record.get("foreign_error")
-    tail = f"  [dim]via {printable(foreign['type'], 60)}[/dim]" if isinstance(foreign, Mapping) else ""
-    mark = " [yellow](recovered)[/yellow]" if event_id in group.recovered else ""
-    return (
-        f"[bold]{printable(record['failure_kind'], 80)}[/bold]{mark}  {printable(' · '.join(map(str, details)), 120)}"
-        f"  [dim]{printable(event_id[:12], 12)}[/dim]\n{printable(record['failure_reason'])}{tail}"
-    )
+    if isinstance(foreign, Mapping) and isinstance(foreign.get("type"), str):
+        body.append(("  via " + clean(foreign["type"], 60), "dim"))
+    return [head, body]
 
 
-def render(group: FailureGroup) -> Tree:
-    tree = Tree(
-        f"[cyan]{printable(group.title, 200)}[/cyan]" + ("  [red]report omitted[/red]" if group.omitted else "")
-    )
-    shown: set[str] = set()
-    for root in group.roots():
-        node = tree
-        current: str | None = root
-        while current is not None and current in group.events and current not in shown:
-            shown.add(current)
-            node = node.add(_label(group, group.events[current]))
-            current = group.events[current].get("cause_id")
-    if group.omitted and not group.events:
-        tree.add("[dim]the reply's report exceeded 4096 bytes; its events are in the traces[/dim]")
-    return tree
+def render(group: FailureGroup, *, full_ids: bool = False) -> Text:
+    """The group's tree as rich ``Text`` (styles, never markup: nothing from a row is parsed)."""
+    text = Text()
+    for line in tree_lines(group, full_ids=full_ids):
+        for segment, style in line:
+            text.append(segment, style or None)
+        text.append("\n")
+    text.rstrip()
+    return text
+
+
+class TreeWriter:
+    """Prints trees: rich styles on a terminal, plain text written straight through otherwise
+    (what makes ``show`` of a whole run take seconds, not minutes)."""
+
+    def __init__(self, console: Console, *, full_ids: bool = False) -> None:
+        self.console, self.full_ids = console, full_ids
+        self._plain = not console.is_terminal
+        self._buffer: list[str] = []
+
+    def write(self, group: FailureGroup) -> None:
+        if not self._plain:
+            self.console.print(render(group, full_ids=self.full_ids), soft_wrap=True)
+            return
+        for line in tree_lines(group, full_ids=self.full_ids):
+            self._buffer.append("".join(segment for segment, _ in line).rstrip())
+        if len(self._buffer) > 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._buffer:
+            self._buffer.append("")
+            self.console.file.write("\n".join(self._buffer))
+            self._buffer.clear()
+        self.console.file.flush()
+
+
+@dataclass
+class ShowResult:
+    shown: int = 0
+    more: bool = False  # stopped at --limit with more left unread
+    bad: list[BadLine] = field(default_factory=list)  # the first MAX_LISTED_BAD
+    bad_count: int = 0
 
 
 def show(
@@ -207,18 +467,88 @@ def show(
     *,
     kind: str | None = None,
     boundary: str | None = None,
+    limit: int | None = None,
+    full_ids: bool = False,
 ) -> tuple[int, list[BadLine]]:
-    """Print each matching group as a tree; returns (groups shown, bad lines)."""
-    shown, bad = 0, []
-    for group in groups:
-        if isinstance(group, BadLine):
-            bad.append(group)
+    """Print each matching group as a tree; returns (groups shown, the first bad lines)."""
+    result = show_groups(groups, console, kind=kind, boundary=boundary, limit=limit, full_ids=full_ids)
+    return result.shown, result.bad
+
+
+def show_groups(
+    groups: Iterable[FailureGroup | BadLine],
+    console: Console,
+    *,
+    kind: str | None = None,
+    boundary: str | None = None,
+    limit: int | None = None,
+    full_ids: bool = False,
+) -> ShowResult:
+    result = ShowResult()
+    writer = TreeWriter(console, full_ids=full_ids)
+    try:
+        for group in groups:
+            if isinstance(group, BadLine):
+                result.bad_count += 1
+                if len(result.bad) < MAX_LISTED_BAD:
+                    result.bad.append(group)
+                continue
+            if (kind is None and boundary is None) or group.matches(kind, boundary):
+                if limit is not None and result.shown >= limit:
+                    result.more = True
+                    break
+                writer.write(group)
+                result.shown += 1
+    finally:
+        writer.flush()
+    return result
+
+
+def show_paths(
+    paths: Iterable[Path],
+    console: Console,
+    *,
+    kind: str | None = None,
+    boundary: str | None = None,
+    limit: int | None = None,
+    full_ids: bool = False,
+) -> int:
+    """``ng-otel show``: each file's chains, then a closing line and its skipped lines."""
+    for path in paths:
+        lines = scan_file(path, console, "reading")
+        first = next(lines, None)
+        if first is None:
+            console.print(f"[dim]{escape(str(path))}: no rows[/dim]")
             continue
-        if group.matches(kind, boundary) or (kind is None and boundary is None):
-            console.print(render(group))
-            shown += 1
-    return shown, bad
+        everything = _chain_first(first, lines)
+        groups = groups_from_otlp(everything) if is_otlp(first[1]) else groups_from_rows(everything)
+        result = show_groups(groups, console, kind=kind, boundary=boundary, limit=limit, full_ids=full_ids)
+        more = f" (the first {limit}: --limit)" if result.more else ""
+        console.print(f"{result.shown} failure chain group(s) shown from {escape(str(path))}{more}")
+        for item in result.bad:
+            console.print(f"[red]line {item.line}: skipped: {printable(item.message, 200)}[/red]")
+        if result.bad_count > len(result.bad):
+            console.print(f"[red]... and {result.bad_count - len(result.bad)} more skipped line(s)[/red]")
+    return 0
 
 
-def is_otlp(first: Any) -> bool:
-    return isinstance(first, dict) and any(key in first for key in ("resourceSpans", "resourceMetrics", "resourceLogs"))
+def _chain_first(first: tuple[int, Any], rest: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+    yield first
+    yield from rest
+
+
+__all__ = [
+    "BadLine",
+    "FailureGroup",
+    "clean",
+    "groups_from_otlp",
+    "groups_from_rows",
+    "is_otlp",
+    "printable",
+    "read_lines",
+    "render",
+    "scan_file",
+    "show",
+    "show_paths",
+    "tree_lines",
+]

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Iterator, Mapping
+from typing import IO, Any, Final
 
 import orjson
+from pydantic import TypeAdapter, ValidationError
 
+from ng_otel.contract.classify import FailureClass, classify_failure
 from ng_otel.contract.events import MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
 from ng_otel.contract.kinds import is_well_formed
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
@@ -126,3 +128,148 @@ def _row_event_id(row: Mapping[str, Any]) -> str:
     except TypeError:  # an integer past 64 bits, say: the standard library writes any JSON value
         canonical = json.dumps(row, sort_keys=True, default=repr).encode()
     return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+# -- reading saved rows in bulk (ng-otel show, summary, report, kinds --check) --------------
+
+MAX_ROW_BYTES: Final = 32 * 1024 * 1024
+"""Longest line a bulk reader takes whole; a longer one is skipped without being held, so
+memory stays flat whatever a file holds (``/dev/zero`` included)."""
+
+
+class SkippedLine:
+    """A line that is not a row: why, and where (1-based)."""
+
+    __slots__ = ("line", "reason")
+
+    def __init__(self, line: int, reason: str) -> None:
+        self.line = line
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"SkippedLine({self.line}, {self.reason!r})"
+
+
+def read_json_lines(stream: IO[bytes], *, max_line_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded JSON value or ``SkippedLine``) for each non-blank line of a binary
+    stream. Never raises for what the stream holds: a line past ``max_line_bytes``, invalid
+    UTF-8, text that is not JSON (nesting too deep included) or a last line cut off mid-write
+    each come back as a ``SkippedLine``."""
+    number = 0
+    pending = b""  # the start of a line whose end is in a later chunk: at most max_line_bytes
+    overlong = False  # the current line went past the bound: drop it up to its end
+    chunk_size = max(1, min(_CHUNK_BYTES, max_line_bytes))
+    while True:
+        chunk = stream.read(chunk_size)
+        if not chunk:
+            break
+        lines = chunk.split(b"\n")
+        tail = lines.pop()
+        for index, raw in enumerate(lines):
+            number += 1
+            if index == 0:
+                if overlong or len(pending) + len(raw) > max_line_bytes:
+                    overlong, pending = False, b""
+                    yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
+                    continue
+                raw, pending = pending + raw, b""
+            elif len(raw) > max_line_bytes:
+                yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
+                continue
+            decoded = _decoded(number, raw, ended=True)
+            if decoded is not None:
+                yield number, decoded
+        if lines:
+            pending = b""
+        if overlong or len(pending) + len(tail) > max_line_bytes:
+            overlong, pending = True, b""
+        else:
+            pending += tail
+    if overlong:
+        yield number + 1, SkippedLine(number + 1, f"longer than {max_line_bytes} bytes")
+    elif pending:
+        decoded = _decoded(number + 1, pending, ended=False)
+        if decoded is not None:
+            yield number + 1, decoded
+
+
+_CHUNK_BYTES: Final = 1 << 20
+
+
+def _decoded(number: int, raw: bytes, *, ended: bool) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        if not raw.strip():
+            return None
+        return SkippedLine(number, _why_not_json(raw, error, ended))
+
+
+def _why_not_json(raw: bytes, error: orjson.JSONDecodeError, ended: bool) -> str:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"invalid UTF-8 at byte {bad.start + 1}"
+    if not ended:
+        return "truncated: the last line has no end and is not JSON"
+    return f"not JSON: {error.msg} at column {error.colno}"
+
+
+def read_row(row: Any) -> FailureReport | None:
+    """``row_report`` for a decoded line that may be anything: raises ``ValueError`` (never
+    another error) when it is not a row or its failure data is invalid."""
+    if not isinstance(row, dict):
+        raise ValueError("not a row: a row is a JSON object")
+    try:
+        return row_report(row)
+    except RecursionError:  # a pathologically nested value in a row
+        raise ValueError("row: nested too deeply") from None
+
+
+def row_masked(row: Mapping[str, Any]) -> bool:
+    """Whether the row's sample is masked (its reward is no valid measurement), as Gym's
+    ``BaseVerifyResponse`` reads it: ``mask_sample``, else the older
+    ``instance_config.mask_sample``, lax booleans either way."""
+    value = row.get(ROW_MASK_SAMPLE)
+    if value is True or value is False:
+        return value
+    if value is None:
+        instance_config = row.get(ROW_INSTANCE_CONFIG)
+        return isinstance(instance_config, Mapping) and _lax_bool(instance_config.get(ROW_MASK_SAMPLE))
+    return _lax_bool(value)
+
+
+ROW_INSTANCE_CONFIG: Final = "instance_config"
+
+
+def _lax_bool(value: Any) -> bool:
+    if value is None or isinstance(value, (dict, list)):
+        return False
+    try:
+        return bool(_LAX_BOOL.validate_python(value))
+    except ValidationError:
+        return False
+
+
+_LAX_BOOL: Final = TypeAdapter(bool)
+
+
+def root_kind(report: FailureReport) -> str | None:
+    """The kind at the root of the report's own failure chain (``None`` without a failure id);
+    for a 0.7.0 row, its class."""
+    if report.failure_id is None:
+        return None
+    record = report.events[report.failure_id]
+    while record.get("cause_id") is not None:
+        record = report.events[record["cause_id"]]
+    return str(record["failure_kind"])
+
+
+def event_classes(row: Mapping[str, Any], report: FailureReport) -> Iterator[tuple[Mapping[str, Any], FailureClass]]:
+    """Each event of a row's report with its INFRA/DATA class; a row whose
+    ``_ng_failure_terminal`` is true makes its own failure DATA (the environment decided
+    another attempt would not help)."""
+    terminal_id = report.failure_id if row_terminal(row) else None
+    for event_id, record in report.events.items():
+        status = record.get("http_status")
+        yield record, classify_failure(record["failure_kind"], status, terminal=event_id == terminal_id)

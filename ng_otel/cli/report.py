@@ -1,0 +1,234 @@
+"""``ng-otel report``: the summary as one self-contained HTML page that opens with no network.
+
+The charts are drawn by plotly.js, read at report time from the installed ``plotly`` package
+(the ``report`` extra) and inlined, so the page needs nothing but a browser. Every figure is
+the summary's own; every text from a file is escaped, in the page and in chart labels.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+from rich.console import Console
+from rich.markup import escape
+
+from ng_otel.cli.summary import NO_STAGE, Chain, Summary
+from ng_otel.otel import names
+
+REPORT_INSTALL: Final = "pip install 'ng-otel[report]'"
+TOP_CHAINS: Final = 10
+MAX_BARS: Final = 40  # kinds on one axis; the rest are summed as `_other`
+CHART_IDS: Final = ("by-kind", "by-class", "root-kinds", "masked", "by-stage", "over-time")
+
+
+def plotly_js() -> str | None:
+    """plotly.js as the installed ``plotly`` package ships it, or ``None`` without it."""
+    try:
+        return (resources.files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def write_report(summary: Summary, output: Path, console: Console) -> int:
+    script = plotly_js()
+    if script is None:
+        console.print(f"[red]ng-otel report needs plotly to draw its charts: {escape(REPORT_INSTALL)}[/red]")
+        return 2
+    page = render_page(summary, script)
+    output.write_text(page, encoding="utf-8")
+    charts = len(charts_of(summary))
+    console.print(f"report: {escape(str(output))} ({charts} charts, {len(summary.top_chains(TOP_CHAINS))} chains)")
+    return 0
+
+
+def _label(text: Any) -> str:
+    # plotly reads a few HTML tags in labels (<a href>, <br>): no tag from a file gets through.
+    return (
+        str(text)
+        .replace("<", "\N{SINGLE LEFT-POINTING ANGLE QUOTATION MARK}")
+        .replace(">", "\N{SINGLE RIGHT-POINTING ANGLE QUOTATION MARK}")
+    )
+
+
+def _top(counts: Any, limit: int = MAX_BARS) -> list[tuple[Any, int]]:
+    ranked = counts.most_common()
+    if len(ranked) <= limit:
+        return list(ranked)
+    return [*ranked[: limit - 1], (names.OTHER_KIND, sum(count for _, count in ranked[limit - 1 :]))]
+
+
+def charts_of(summary: Summary) -> dict[str, dict[str, Any]]:
+    """Plotly figures (data and layout) by chart id; a chart with nothing to draw is left out."""
+    s = summary
+    charts: dict[str, dict[str, Any]] = {}
+    bar_layout = {"barmode": "stack", "margin": {"b": 140}, "legend": {"title": {"text": "boundary"}}}
+    if s.events:
+        kinds = [kind for kind, _ in _top(s.by_kind)]
+        charts["by-kind"] = {
+            "title": "Failures by kind and boundary",
+            "data": [
+                {
+                    "type": "bar",
+                    "name": _label(boundary),
+                    "x": [_label(kind) for kind in kinds],
+                    "y": [s.kind_boundary.get((kind, boundary), 0) for kind in kinds],
+                }
+                for boundary, _ in s.by_boundary.most_common()
+            ],
+            "layout": bar_layout,
+        }
+        classes = s.by_class.most_common()
+        charts["by-class"] = {
+            "title": "INFRA vs DATA",
+            "data": [
+                {
+                    "type": "pie",
+                    "hole": 0.45,
+                    "labels": [_label(name).upper() for name, _ in classes],
+                    "values": [count for _, count in classes],
+                    "sort": False,
+                }
+            ],
+            "layout": {},
+        }
+        stages = _top(s.by_stage)
+        charts["by-stage"] = {
+            "title": "Failures by stage",
+            "data": [
+                {
+                    "type": "bar",
+                    "x": [_label(stage) for stage, _ in stages],
+                    "y": [count for _, count in stages],
+                    "marker": {"color": ["#bbbbbb" if stage == NO_STAGE else "#4c78a8" for stage, _ in stages]},
+                }
+            ],
+            "layout": {},
+        }
+    if s.failed_rows:
+        roots = _top(s.root_kinds)[::-1]  # horizontal bars: the largest on top
+        charts["root-kinds"] = {
+            "title": "Root causes, ranked (one per failed row)",
+            "data": [
+                {
+                    "type": "bar",
+                    "orientation": "h",
+                    "y": [_label(kind) for kind, _ in roots],
+                    "x": [count for _, count in roots],
+                }
+            ],
+            "layout": {"margin": {"l": 220}},
+        }
+    if s.rows:
+        charts["masked"] = {
+            "title": "Masked share of rows",
+            "data": [
+                {
+                    "type": "pie",
+                    "hole": 0.45,
+                    "labels": ["masked", "not masked"],
+                    "values": [s.masked, max(0, s.rows - s.masked)],
+                    "sort": False,
+                }
+            ],
+            "layout": {},
+        }
+    if len(s.over_time) > 1:
+        minutes = sorted(key for key in s.over_time if isinstance(key, int))
+        charts["over-time"] = {
+            "title": "Failures over the run (per minute)",
+            "data": [
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "x": [datetime.datetime.fromtimestamp(m * 60, datetime.timezone.utc).isoformat() for m in minutes],
+                    "y": [s.over_time[m] for m in minutes],
+                }
+            ],
+            "layout": {},
+        }
+    for chart in charts.values():
+        chart["layout"] = {"title": {"text": chart.pop("title")}, "height": 420, **chart["layout"]}
+    return charts
+
+
+def _chain_html(chain: Chain, count: int, failed: int) -> str:
+    share = f"{100 * count / failed:.1f}%" if failed else ""
+    nested = ""
+    for kind, boundary in reversed(chain):  # built from the root up: each cause inside its effect
+        node = f'<span class="kind">{html.escape(kind)}</span> <span class="boundary">{html.escape(boundary)}</span>'
+        nested = f"<li>{node}{f'<ul>{nested}</ul>' if nested else ''}</li>"
+    return f'<div class="chain"><div class="count">{count:,} rows · {share}</div><ul class="tree">{nested}</ul></div>'
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+h1 { font-size: 1.5em; } .figures { display: flex; gap: 2em; flex-wrap: wrap; }
+.figure { font-size: 1.1em; } .figure b { display: block; font-size: 1.6em; }
+.charts { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; } .chart { min-height: 420px; }
+.chart.wide { grid-column: 1 / span 2; }
+.chain { margin: 1em 0; } .count { color: #555; font-size: .9em; }
+ul.tree, ul.tree ul { list-style: none; margin: 0; padding-left: 1.4em; }
+ul.tree li { position: relative; padding: .15em 0; }
+ul.tree li::before { content: "\\2514\\2500 "; position: absolute; left: -1.4em; color: #999; }
+.kind { font-weight: 600; } .boundary { color: #666; font-size: .9em; }
+footer { margin-top: 3em; color: #777; font-size: .85em; }
+"""
+
+_DRAW = """
+const charts = JSON.parse(document.getElementById("ng-charts").textContent);
+for (const [id, chart] of Object.entries(charts)) {
+  Plotly.newPlot(id, chart.data, chart.layout, {displaylogo: false, responsive: true})
+    .then(() => document.getElementById(id).setAttribute("data-drawn", "true"));
+}
+"""
+
+
+def _json_for_script(value: Any) -> str:
+    # Inside <script>: no "</script>" or "<!--" can end or bend the element.
+    return orjson.dumps(value).decode().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_page(summary: Summary, script: str) -> str:
+    """The whole page: figures, charts, the top chains as trees, the files it came from."""
+    s = summary
+    charts = charts_of(s)
+    figures = [
+        ("rows", s.rows),
+        ("failed rows", s.failed_rows),
+        ("failure events", s.events),
+        ("masked", s.masked),
+        ("skipped lines", s.skipped),
+    ]
+    wide = {"by-kind", "over-time"}
+    chart_divs = "".join(
+        f'<div class="chart{" wide" if chart_id in wide else ""}" id="{chart_id}"></div>'
+        for chart_id in CHART_IDS
+        if chart_id in charts
+    )
+    chains = "".join(_chain_html(chain, count, s.failed_rows) for chain, count in s.top_chains(TOP_CHAINS))
+    files = "".join(f"<li>{html.escape(path)}</li>" for path in s.files)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>ng-otel report</title>
+<style>{_STYLE}</style>
+<script>{script}</script>
+</head>
+<body>
+<h1>What failed, where, and why</h1>
+<div class="figures">{"".join(f'<div class="figure"><b>{n:,}</b>{label}</div>' for label, n in figures)}</div>
+<div class="charts">{chart_divs}</div>
+<h2>Most frequent chains (effect at the top, each child its cause)</h2>
+{chains or "<p>No failed rows.</p>"}
+<footer>ng-otel report of<ul>{files}</ul></footer>
+<script type="application/json" id="ng-charts">{_json_for_script(charts)}</script>
+<script>{_DRAW}</script>
+</body>
+</html>
+"""

@@ -1,0 +1,288 @@
+"""``ng-otel summary``: what failed, where, and why, over saved rows and OTLP JSON lines.
+
+Rows of both formats (Gym Main's saved reports, NeMo Gym 0.7.0's failure sidecar and judge
+rows) are read with ``ng_otel.contract.rows``; OTLP JSON lines (what ``ng-otel demo`` and the
+Collector's file exporter write) from their ``ng.failure`` span events and log records. Memory
+stays flat on rows of any number; OTLP input keeps one small entry per failure event, because
+a cause may be anywhere in the file.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from ng_otel.cli.show import clean, is_otlp, otlp_failure_events, printable, scan_file
+from ng_otel.contract.classify import classify_failure
+from ng_otel.contract.rows import SkippedLine, event_classes, read_row, row_masked
+from ng_otel.otel import names
+
+SUMMARY_KEYS: Final = (
+    "rows",
+    "failed_rows",
+    "events",
+    "by_kind",
+    "by_boundary",
+    "by_class",
+    "root_kinds",
+    "masked",
+    "skipped",
+)
+MAX_DISTINCT: Final = 1000
+"""Distinct values one figure keeps (kinds, chains, stages); past it new ones count under
+``_other``, so a file of endless distinct kinds cannot grow memory."""
+MAX_LISTED_SKIPS: Final = 50
+MAX_CHAIN_HOPS: Final = 64  # a chain shape longer than this is cut: a shape is for grouping
+NO_STAGE: Final = "(none)"
+
+Chain = tuple[tuple[str, str], ...]  # (kind, boundary) from the effect down to its root cause
+
+
+class _Bounded(Counter[Any]):
+    """A counter that folds new keys into ``_other`` once it holds ``MAX_DISTINCT``."""
+
+    def add(self, key: Any, count: int = 1) -> None:
+        if key not in self and len(self) >= MAX_DISTINCT:
+            key = names.OTHER_KIND
+        self[key] += count
+
+
+class Summary:
+    """The figures of one or more files, added line by line."""
+
+    def __init__(self) -> None:
+        self.rows = self.failed_rows = self.events = self.masked = self.skipped = 0
+        self.by_kind, self.by_boundary, self.by_class = _Bounded(), _Bounded(), _Bounded()
+        self.root_kinds, self.by_stage, self.kind_boundary = _Bounded(), _Bounded(), _Bounded()
+        self.chains = _Bounded()
+        self.over_time = _Bounded()  # unix minute -> events, for OTLP input (rows carry no time)
+        self.skipped_lines: list[tuple[str, SkippedLine]] = []
+        self.files: list[str] = []
+        self._otlp: dict[str, tuple[str, str, str | None, bool]] = {}  # id -> kind, boundary, cause, recovered
+        self._traces: set[str] = set()
+
+    # -- adding -------------------------------------------------------------------------
+
+    def add_file(self, path: Path, console: Console | None = None) -> None:
+        """Read one file (rows or OTLP JSON lines, told apart by its first line)."""
+        self.files.append(str(path))
+        otlp: bool | None = None
+        for number, value in scan_file(path, console, "summarising"):
+            if isinstance(value, SkippedLine):
+                self.skip(str(path), value)
+                continue
+            if otlp is None:
+                otlp = is_otlp(value)
+            if otlp:
+                self.add_otlp(value, number, str(path))
+            else:
+                self.add_line(value, number, str(path))
+
+    def skip(self, where: str, line: SkippedLine) -> None:
+        self.skipped += 1
+        if len(self.skipped_lines) < MAX_LISTED_SKIPS:
+            self.skipped_lines.append((where, line))
+
+    def add_line(self, value: Any, number: int, where: str = "") -> None:
+        """One decoded line of saved rows."""
+        try:
+            report = read_row(value)
+        except ValueError as error:
+            self.skip(where, SkippedLine(number, str(error)))
+            return
+        self.rows += 1
+        if row_masked(value):
+            self.masked += 1
+        if report is None:
+            return
+        for record, failure_class in event_classes(value, report):
+            self._count(record["failure_kind"], record["boundary"], record.get("stage"), failure_class.value)
+        if report.failure_id is not None:
+            self.failed_rows += 1
+            chain: list[tuple[str, str]] = []
+            record = report.events[report.failure_id]
+            while True:
+                if len(chain) < MAX_CHAIN_HOPS:
+                    chain.append((record["failure_kind"], record["boundary"]))
+                cause = record.get("cause_id")
+                if cause is None:
+                    break
+                record = report.events[cause]
+            self.root_kinds.add(record["failure_kind"])
+            self.chains.add(tuple(chain))
+
+    def _count(self, kind: str, boundary: str, stage: str | None, failure_class: str) -> None:
+        self.events += 1
+        self.by_kind.add(kind)
+        self.by_boundary.add(boundary)
+        self.by_class.add(failure_class)
+        self.by_stage.add(stage or NO_STAGE)
+        self.kind_boundary.add((kind, boundary))
+
+    def add_otlp(self, value: Any, number: int, where: str = "") -> None:
+        """One OTLP JSON line: a trace is a row; each ``ng.failure`` event once, by id."""
+        if not isinstance(value, dict):
+            self.skip(where, SkippedLine(number, "not OTLP JSON: a line is a JSON object"))
+            return
+        for _, attributes, time in otlp_failure_events(value, self._traces):
+            if attributes is None:
+                self.skip(where, SkippedLine(number, "an ng.failure event without its id, kind or boundary"))
+                continue
+            event_id = str(attributes[names.ID])
+            if event_id in self._otlp:
+                continue  # the same event as a span event and as a log record
+            kind, boundary = str(attributes[names.KIND]), str(attributes[names.BOUNDARY])
+            status = attributes.get(names.HTTP_STATUS)
+            failure_class = attributes.get(names.CLASS)
+            if failure_class not in ("infra", "data"):
+                failure_class = classify_failure(kind, status if isinstance(status, int) else None).value
+            stage = attributes.get(names.STAGE)
+            self._count(kind, boundary, str(stage) if stage is not None else None, str(failure_class))
+            if attributes.get(names.VERIFY_MASKED) is True:
+                self.masked += 1
+            cause = attributes.get(names.CAUSE_ID)
+            recovered = attributes.get(names.RECOVERED) is True
+            self._otlp[event_id] = (kind, boundary, str(cause) if cause is not None else None, recovered)
+            if time:
+                self.over_time.add(time // 60_000_000_000)
+
+    def finish(self) -> Summary:
+        """Resolve OTLP chains (a cause may come after its effect, or in another trace)."""
+        self.rows += len(self._traces)
+        self._traces.clear()
+        causes = {cause for _, _, cause, _ in self._otlp.values() if cause is not None}
+        for event_id, (kind, boundary, cause, recovered) in self._otlp.items():
+            if recovered or event_id in causes:
+                continue  # recovered, or the cause of another failure: not a reply's own top
+            self.failed_rows += 1
+            chain = [(kind, boundary)]
+            seen = {event_id}
+            while cause is not None and cause in self._otlp and cause not in seen:
+                seen.add(cause)
+                kind, boundary, cause, _ = self._otlp[cause]
+                if len(chain) < MAX_CHAIN_HOPS:
+                    chain.append((kind, boundary))
+            self.root_kinds.add(kind)
+            self.chains.add(tuple(chain))
+        self._otlp.clear()
+        return self
+
+    # -- output -------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """Exactly ``SUMMARY_KEYS``; each breakdown most frequent first."""
+        return {
+            "rows": self.rows,
+            "failed_rows": self.failed_rows,
+            "events": self.events,
+            "by_kind": dict(self.by_kind.most_common()),
+            "by_boundary": dict(self.by_boundary.most_common()),
+            "by_class": dict(self.by_class.most_common()),
+            "root_kinds": dict(self.root_kinds.most_common()),
+            "masked": self.masked,
+            "skipped": self.skipped,
+        }
+
+    def top_chains(self, count: int) -> list[tuple[Chain, int]]:
+        return [(chain, n) for chain, n in self.chains.most_common(count) if chain != names.OTHER_KIND]
+
+
+def summarise(paths: Iterable[Path], console: Console | None = None) -> Summary:
+    summary = Summary()
+    for path in paths:
+        summary.add_file(path, console)
+    return summary.finish()
+
+
+def print_json(summary: Summary) -> None:
+    import sys
+
+    sys.stdout.buffer.write(orjson.dumps(summary.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.flush()
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def render(summary: Summary, console: Console) -> None:
+    """The terminal view: kind x boundary, INFRA vs DATA, root causes, masked share, stages."""
+    s = summary
+    console.print(
+        f"[bold]{s.rows:,}[/bold] rows · [bold]{s.failed_rows:,}[/bold] failed · [bold]{s.events:,}[/bold] "
+        f"failure events · [bold]{s.masked:,}[/bold] masked ({_share(s.masked, s.rows)} of rows) · "
+        f"{s.skipped:,} skipped line(s)"
+    )
+    if s.events:
+        boundaries = [boundary for boundary, _ in s.by_boundary.most_common()]
+        table = Table(
+            "failure_kind", *map(printable, boundaries), "total", "share", title="failures by kind and boundary"
+        )
+        for kind, total in s.by_kind.most_common():
+            cells = [str(s.kind_boundary.get((kind, b), "") or "") for b in boundaries]
+            table.add_row(printable(str(kind), 80), *cells, f"{total:,}", _share(total, s.events))
+        console.print(table)
+        console.print(_two_columns("INFRA vs DATA", "class", s.by_class, s.events))
+        console.print(_two_columns("failures by stage", "stage", s.by_stage, s.events))
+    if s.failed_rows:
+        console.print(
+            _two_columns("root causes, ranked (one per failed row)", "root kind", s.root_kinds, s.failed_rows)
+        )
+        chains = Table("chain (effect ← cause ← root)", "rows", title="most frequent chains")
+        for chain, count in s.top_chains(5):
+            chains.add_row(
+                " ← ".join(f"{printable(k, 60)} [dim]{printable(b, 20)}[/dim]" for k, b in chain), f"{count:,}"
+            )
+        console.print(chains)
+    for where, line in s.skipped_lines:
+        console.print(f"[red]{printable(where, 200)}:{line.line}: skipped: {printable(line.reason, 200)}[/red]")
+    if s.skipped > len(s.skipped_lines):
+        console.print(f"[red]... and {s.skipped - len(s.skipped_lines):,} more skipped line(s)[/red]")
+
+
+def _two_columns(title: str, label: str, counts: Counter[Any], whole: int) -> Table:
+    table = Table(label, "count", "share", title=title)
+    for key, count in counts.most_common():
+        table.add_row(printable(str(key), 80), f"{count:,}", _share(count, whole))
+    return table
+
+
+def summary_command(args: Any, console: Console) -> int:
+    """``ng-otel summary`` and ``ng-otel report``: exit 0 on readable files (skipped lines
+    included), 2 with one line on stderr when a file cannot be read."""
+    import sys
+
+    for path in args.files:
+        problem = _unreadable(path)
+        if problem:
+            sys.stderr.write(f"ng-otel: {clean(str(path), 500)}: {problem}\n")
+            return 2
+    progress_console = console if not getattr(args, "json", False) else Console(stderr=True)
+    summary = summarise(args.files, progress_console)
+    if args.command == "report":
+        from ng_otel.cli.report import write_report
+
+        return write_report(summary, args.output, console)
+    if args.json:
+        print_json(summary)
+    else:
+        render(summary, console)
+    return 0
+
+
+def _unreadable(path: Path) -> str | None:
+    try:
+        with path.open("rb"):
+            return None
+    except FileNotFoundError:
+        return "no such file"
+    except IsADirectoryError:
+        return "is a folder, not a file"
+    except OSError as error:
+        return error.strerror or "cannot be read"

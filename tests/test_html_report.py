@@ -1,0 +1,122 @@
+"""`ng-otel report`: one HTML page that a real headless Chromium opens with no network, every
+chart drawn, nothing on the console; text from a file never becomes markup in it."""
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ng_otel.cli.report import CHART_IDS, render_page
+from ng_otel.cli.summary import Summary
+from ng_otel.otel import names
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("_mixed_rows", ROOT / "bench" / "_mixed_rows.py")
+mixed_rows = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mixed_rows)
+
+CHROMIUM = shutil.which("chromium")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium; .ci/run installs it)"
+)
+
+
+@pytest.fixture(scope="module")
+def report_cli(ng_otel_cli, installed, ng_otel_dist):
+    """The installed ng-otel with the report extra, installed as a user installs it."""
+    (wheel,) = ng_otel_dist.glob("*.whl")
+    constraints = installed.path.parent / "constraints.txt"
+    pip = [installed.bin("python"), "-m", "pip", "install", "--quiet", "--constraint", str(constraints)]
+    done = subprocess.run([*pip, f"{wheel}[report]"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return ng_otel_cli
+
+
+def chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",  # root in CI
+            "--disable-gpu",
+            f"--user-data-dir={profile}",
+            "--host-resolver-rules=MAP * ~NOTFOUND",  # no network: any fetch would fail, loudly
+            "--enable-logging=stderr",
+            "--log-level=0",  # every console message, errors included, as INFO:CONSOLE lines
+            "--virtual-time-budget=20000",
+            "--window-size=1280,2600",
+            *args,
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+@pytest.mark.e2e
+@needs_chromium
+def test_report_renders_in_headless_chromium_offline_with_every_chart_drawn(tmp_path, report_cli):
+    rows = tmp_path / "rows.jsonl"
+    mixed_rows.write_mixed_rows(rows, 2_000, bad_every=600)
+    page = tmp_path / "report.html"
+    done = report_cli("report", str(rows), "-o", str(page))
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = page.read_text()
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", text), "the page loads nothing from outside"
+    expected = {"by-kind", "by-class", "root-kinds", "masked", "by-stage"}  # rows carry no time: no over-time
+    assert {chart for chart in CHART_IDS if f'id="{chart}"' in text} == expected
+
+    dom = chromium(page, tmp_path / "profile", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    drawn = set(re.findall(r'id="([a-z-]+)"[^>]*data-drawn="true"', dom.stdout))
+    assert drawn == expected
+    for chart in expected:  # drawn means plotted: an SVG with its traces inside the chart's div
+        body = dom.stdout.split(f'id="{chart}"', 1)[1].split('class="chart', 1)[0]
+        assert 'class="main-svg"' in body and ('class="trace' in body or 'class="slice' in body), chart
+    assert "agent_run_error" in dom.stdout and "transport_timeout" in dom.stdout  # the chains as trees
+
+    screenshot = tmp_path / "report.png"
+    shot = chromium(page, tmp_path / "profile", f"--screenshot={screenshot}")
+    assert shot.returncode == 0 and screenshot.stat().st_size > 20_000, shot.stderr[-2000:]
+
+
+def test_text_from_a_file_never_becomes_markup_in_the_page():
+    hostile = '<img src=x onerror="alert(1)"></script><a href="https://evil.example">'
+    line = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "t1",
+                                "events": [
+                                    {
+                                        "name": names.EVENT,
+                                        "attributes": [
+                                            {"key": names.ID, "value": {"stringValue": "e1"}},
+                                            {"key": names.KIND, "value": {"stringValue": hostile}},
+                                            {"key": names.BOUNDARY, "value": {"stringValue": hostile}},
+                                        ],
+                                    }
+                                ],
+                            }
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
+    summary = Summary()
+    summary.files.append(hostile)
+    summary.add_otlp(line, 1)
+    page = render_page(summary.finish(), "/* plotly */")
+    assert summary.events == 1 and summary.failed_rows == 1
+    assert "<img" not in page and "<a href" not in page and page.count("</script>") == 3
+    assert "&lt;img src=x" in page  # the chains and the file list, escaped as text

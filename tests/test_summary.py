@@ -1,0 +1,237 @@
+"""`ng-otel summary` (and `show` on OTLP JSON lines) as a user runs them, on rows of both
+formats written by a generator that knows every figure, and on OTLP JSON lines that real
+exporters sent to a real OTLP receiver."""
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from ng_otel.contract.report import FailureReport
+from ng_otel.contract.rows import SkippedLine, read_json_lines
+from ng_otel.otel.recorder import FailureRecorder
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("_mixed_rows", ROOT / "bench" / "_mixed_rows.py")
+mixed_rows = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mixed_rows)
+
+HOSTILE = "[/red][link=https://evil.example]click[/link]"
+
+
+def summary_json(ng_otel_cli, *paths):
+    done = ng_otel_cli("summary", "--json", *map(str, paths))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+# -- the bounded line reader ---------------------------------------------------------------
+
+
+def reference_lines(data: bytes, bound: int):
+    """What read_json_lines must give, by the simplest reading: split, then decode each."""
+    parts = data.split(b"\n")
+    if parts[-1] == b"":
+        parts.pop()
+    out = []
+    for number, part in enumerate(parts, start=1):
+        if len(part) > bound:
+            out.append((number, "skipped"))
+            continue
+        try:
+            out.append((number, orjson.loads(part)))
+        except orjson.JSONDecodeError:
+            if part.strip():
+                out.append((number, "skipped"))
+    return out
+
+
+PIECES = [b'{"a": 1}', b"", b"  ", b"[1, 2, 3, 4, 5, 6, 7]", b"nope", b"\xff\xfe", b'{"b": "' + b"x" * 30 + b'"}', b"7"]
+
+
+@given(st.lists(st.sampled_from(PIECES), max_size=12), st.booleans(), st.integers(min_value=1, max_value=48))
+def test_bounded_reader_gives_each_line_as_a_plain_split_would_with_long_lines_skipped(pieces, newline, bound):
+    data = b"\n".join(pieces) + (b"\n" if newline else b"")
+    got = [
+        (number, "skipped" if isinstance(value, SkippedLine) else value)
+        for number, value in read_json_lines(io.BytesIO(data), max_line_bytes=bound)
+    ]
+    assert got == reference_lines(data, bound)
+
+
+def test_reader_says_why_a_line_is_not_a_row():
+    data = b'{"ok": 1}\n\xff\xfe\nnot json\n' + b"[" * 100_000 + b"\n" + b"x" * 64 + b'\n{"cut": "of'
+    lines = dict(read_json_lines(io.BytesIO(data), max_line_bytes=100_001))
+    assert lines[1] == {"ok": 1}
+    reasons = {number: value.reason for number, value in lines.items() if isinstance(value, SkippedLine)}
+    assert reasons[2].startswith("invalid UTF-8")
+    assert reasons[3].startswith("not JSON")
+    assert reasons[4].startswith("not JSON")  # nested past any decoder's depth: no RecursionError
+    assert reasons[6].startswith("truncated")
+    assert 1 not in reasons
+    short = {n: v.reason for n, v in read_json_lines(io.BytesIO(data), max_line_bytes=32) if isinstance(v, SkippedLine)}
+    assert short[4] == short[5] == "longer than 32 bytes"
+
+
+# -- rows of both formats ------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_summary_json_gives_exactly_the_counts_the_generator_wrote(tmp_path, ng_otel_cli):
+    path = tmp_path / "rows.jsonl"
+    expected = mixed_rows.write_mixed_rows(path, 3_000, bad_every=700)
+    assert expected["skipped"] == 4 and expected["events"] > expected["rows"]
+    got = summary_json(ng_otel_cli, path)
+    assert list(got) == [
+        "rows",
+        "failed_rows",
+        "events",
+        "by_kind",
+        "by_boundary",
+        "by_class",
+        "root_kinds",
+        "masked",
+        "skipped",
+    ]
+    assert got == expected
+    twice = summary_json(ng_otel_cli, path, path)  # several files: one summary
+    assert twice["rows"] == 2 * expected["rows"] and twice["by_kind"] == {
+        k: 2 * v for k, v in expected["by_kind"].items()
+    }
+
+
+@pytest.mark.e2e
+def test_summary_terminal_view_has_the_tables_and_each_skipped_line_number(tmp_path, ng_otel_cli):
+    path = tmp_path / "rows.jsonl"
+    mixed_rows.write_mixed_rows(path, 1_500, bad_every=700)
+    done = ng_otel_cli("summary", str(path))
+    assert done.returncode == 0, done.stderr
+    for title in ("failures by kind and boundary", "INFRA vs DATA", "root causes, ranked", "failures by stage"):
+        assert title in done.stdout
+    assert "transport_timeout" in done.stdout and "swe:patch_failed" in done.stdout
+    assert "1,500 rows" in done.stdout and "masked (" in done.stdout
+    assert f"{path}:701: skipped: invalid UTF-8 at byte 13" in done.stdout  # after row 700
+    assert f"{path}:1402: skipped: not JSON" in done.stdout
+
+
+@pytest.mark.e2e
+def test_summary_of_a_missing_file_is_one_line_on_stderr_and_exit_2(tmp_path, ng_otel_cli):
+    done = ng_otel_cli("summary", str(tmp_path / "nope.jsonl"))
+    assert done.returncode == 2
+    assert done.stdout == "" and done.stderr.count("\n") == 1 and "no such file" in done.stderr
+
+
+@pytest.mark.e2e
+def test_hostile_lines_are_skipped_and_echoed_literally_by_show_summary_and_kinds(tmp_path, ng_otel_cli):
+    path = tmp_path / "hostile.jsonl"
+    bad_key = {"_ng_failure_events": {HOSTILE: {"event_id": "q"}}}
+    good = {
+        "_ng_failure_id": "e1",
+        "_ng_failure_events": {
+            "e1": {"event_id": "e1", "boundary": "model", "failure_kind": "browser_crashed", "failure_reason": HOSTILE}
+        },
+    }
+    path.write_bytes(
+        b"\n".join(
+            [
+                orjson.dumps(bad_key),
+                b'{"output": "\xff\xfe"}',  # invalid UTF-8
+                b"[" * 200_000,  # nested past any depth
+                b'{"_ng_failure_class": "agent_run_error", "deep": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+                orjson.dumps(good),
+                b"x" * (33 * 1024 * 1024),  # past the line bound: never read whole
+                b'{"_ng_failure_class": "judge_failed", "mask_sample": true}',
+            ]
+        )
+        + b"\n"
+    )
+    for args, code in ((["show"], 0), (["summary"], 0), (["kinds", "--check"], 1)):
+        done = ng_otel_cli(*args, str(path))
+        assert done.returncode == code, (args, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr, args
+        if args != ["kinds", "--check"]:
+            assert HOSTILE in done.stdout, args  # printed as text, never as markup
+            assert "line 2: skipped: invalid UTF-8" in done.stdout or ":2: skipped: invalid UTF-8" in done.stdout
+            assert "longer than 33554432 bytes" in done.stdout and "nested too deeply" in done.stdout
+    got = summary_json(ng_otel_cli, path)
+    assert (got["rows"], got["skipped"], got["events"], got["masked"]) == (2, 5, 2, 1)
+    assert got["by_kind"] == {"browser_crashed": 1, "judge_failed": 1}
+
+
+# -- OTLP JSON lines from real exporters ---------------------------------------------------
+
+
+def otlp_lines(otlp, path):
+    """A model failure recorded in one trace, and the agent failure it caused recorded later in
+    another trace (linked, not exported again), plus a recovered retry in a third trace; sent
+    by the real OTLP/HTTP exporter to the real receiver, written as OTLP JSON lines."""
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=otlp.http_endpoint + "/v1/traces"))
+    )
+    recorder = FailureRecorder(tracer_provider.get_tracer("test"), MeterProvider().get_meter("test"))
+    model = {
+        "event_id": "m" * 32,
+        "boundary": "model",
+        "failure_kind": "transport_timeout",
+        "failure_reason": "slow",
+        "http_status": 504,
+    }
+    agent = {
+        "event_id": "a" * 32,
+        "boundary": "agent",
+        "failure_kind": "agent_run_error",
+        "failure_reason": "gave up",
+        "cause_id": model["event_id"],
+    }
+    retry = {"event_id": "r" * 32, "boundary": "model", "failure_kind": "transport_peer_drop", "failure_reason": "x"}
+    for events, failure_id in (([model], model), ([model, agent], agent), ([retry], None)):
+        span = recorder.tracer.start_span("request")
+        report = FailureReport({e["event_id"]: e for e in events}, failure_id["event_id"] if failure_id else None)
+        recorder.record(report, span, own=failure_id is not None)
+        span.end()
+    tracer_provider.shutdown()
+    assert otlp.wait_for(lambda: len(otlp.failure_events()) == 3)
+    otlp.write_jsonl(path)
+    return model, agent
+
+
+@pytest.mark.e2e
+def test_summary_reads_otlp_json_lines_and_follows_a_cause_into_another_trace(tmp_path, otlp, ng_otel_cli):
+    path = tmp_path / "telemetry.jsonl"
+    otlp_lines(otlp, path)
+    got = summary_json(ng_otel_cli, path)
+    assert got == {
+        "rows": 3,  # traces
+        "failed_rows": 1,  # the agent's failure; the model's is its cause, the retry recovered
+        "events": 3,
+        "by_kind": {"transport_timeout": 1, "agent_run_error": 1, "transport_peer_drop": 1},
+        "by_boundary": {"model": 2, "agent": 1},
+        "by_class": {"infra": 2, "data": 1},
+        "root_kinds": {"transport_timeout": 1},
+        "masked": 0,
+        "skipped": 0,
+    }
+
+
+@pytest.mark.e2e
+def test_show_draws_a_chain_that_crosses_traces_as_one_tree(tmp_path, otlp, ng_otel_cli):
+    path = tmp_path / "telemetry.jsonl"
+    model, agent = otlp_lines(otlp, path)
+    done = ng_otel_cli("show", str(path), "--full-ids")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("traces "))
+    assert lines[title + 1].startswith("└── agent_run_error  agent") and lines[title + 1].endswith(agent["event_id"])
+    assert lines[title + 3].startswith("    └── transport_timeout  model · 504")
+    assert lines[title + 3].endswith(model["event_id"])
+    assert "2 failure chain group(s) shown" in done.stdout  # the joined chain, the recovered retry
