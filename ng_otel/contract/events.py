@@ -123,7 +123,10 @@ class ForeignError:
             message = f"<unprintable {kind.__name__}>"
         status = None
         for attr in ("status_code", "status", "http_status"):
-            value = getattr(error, attr, None)
+            try:
+                value = getattr(error, attr, None)
+            except Exception:  # a property of a third-party error that raises: no status from it
+                continue
             if type(value) is int and HTTP_STATUS_MIN <= value <= HTTP_STATUS_MAX:
                 status = value
                 break

@@ -52,7 +52,10 @@ def failure_reply(error: BaseException) -> tuple[int, bytes, FailureReport] | No
         return None
     failure = report.events[report.failure_id]
     body = encode_ascii_json({"failure": failure})
-    return failure.get("http_status") or 500, body.encode("ascii"), report
+    # A failure reply is an error reply: a record may carry any status (100-599), but a 1xx
+    # is no final reply, 204/304 have no body, and a 2xx or 3xx reads as success.
+    status = failure.get("http_status")
+    return status if status is not None and status >= 400 else 500, body.encode("ascii"), report
 
 
 @guarded
@@ -80,6 +83,7 @@ def observe_reply(get_header: Callable[[str], str | None], boundary: str) -> Fai
             _protocol_violation(names.CONTEXT_HEADER, raw_contexts, error, boundary)
             contexts = None  # the peer did export them; we only lose the links
         recorder.learn_remote(report, contexts)
+        recorder.record(report, own=False)  # the events the callee's map does not name are ours to export
     log = current_failure_log()
     if log is not None:
         log.add(report, own=False)

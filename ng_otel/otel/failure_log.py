@@ -8,7 +8,9 @@ threads) never see each other's failures, while tasks spawned inside one request
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from contextvars import ContextVar, Token
+from typing import Any
 
 from ng_otel.contract.report import FailureReport
 
@@ -16,20 +18,41 @@ _EMPTY = FailureReport()
 
 
 class FailureLog:
-    __slots__ = ("_lock", "report")
+    """Grows in place: a request that observes thousands of failures pays for each once, and
+    the report is built when the reply asks for it."""
+
+    __slots__ = ("_events", "_failure_id", "_lock", "_omitted", "_report")
 
     def __init__(self) -> None:
-        self.report = _EMPTY
+        self._events: dict[str, Mapping[str, Any]] = {}
+        self._failure_id: str | None = None
+        self._omitted = False
+        self._report: FailureReport | None = _EMPTY
         self._lock = threading.Lock()
 
     def add(self, report: FailureReport, *, own: bool) -> None:
-        """Merge ``report``; ``own`` makes its failure the reply's own failure."""
+        """Merge ``report``; ``own`` makes its failure the reply's own failure (and its
+        records win over ones the log holds under the same id)."""
         with self._lock:
-            own = own and report.failure_id is not None
-            self.report = report.merge(self.report) if own else self.report.merge(report)
+            if own and report.failure_id is not None:
+                self._events.update(report.events)
+                self._failure_id = report.failure_id
+            else:
+                for event_id, record in report.events.items():
+                    self._events.setdefault(event_id, record)
+            self._omitted = self._omitted or report.omitted
+            self._report = None
+
+    @property
+    def report(self) -> FailureReport:
+        """Everything added so far (both sides closed under cause_id, so the union is too)."""
+        with self._lock:
+            if self._report is None:
+                self._report = FailureReport._trusted(dict(self._events), self._failure_id, self._omitted)
+            return self._report
 
     def __bool__(self) -> bool:
-        return bool(self.report.events) or self.report.omitted
+        return bool(self._events) or self._omitted
 
 
 _current: ContextVar[FailureLog | None] = ContextVar("ng_otel_failure_log", default=None)

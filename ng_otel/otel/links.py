@@ -19,6 +19,10 @@ from ng_otel.contract.events import ID_PATTERN
 from ng_otel.contract.header import OMITTED_VALUE, check_header_value, encode_header_json
 from ng_otel.otel.names import CONTEXT_HEADER
 
+NOT_EXPORTED: SpanContext = SpanContext(0, 0, is_remote=False)
+"""Recorded here through a tracer that exports nothing (no SDK provider): known, so never
+recorded twice, but never claimed as exported in a reply, so a caller exports it itself."""
+
 _CONTEXT_RE = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
 _ID_RE = re.compile(ID_PATTERN)
 
@@ -65,8 +69,13 @@ class LinkIndex:
                 self._items.popitem(last=False)
 
     def contexts_for(self, event_ids: Iterable[str]) -> dict[str, SpanContext]:
+        """Where each of ``event_ids`` was exported, for those this process knows were."""
         with self._lock:
-            return {event_id: self._items[event_id] for event_id in event_ids if event_id in self._items}
+            return {
+                event_id: context
+                for event_id in event_ids
+                if (context := self._items.get(event_id)) is not None and context is not NOT_EXPORTED
+            }
 
 
 def format_span_context(context: SpanContext) -> str:

@@ -36,7 +36,7 @@ from ng_otel.otel import names
 from ng_otel.otel._failure_tally import failure_tally
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import current_failure_log
-from ng_otel.otel.links import LinkIndex
+from ng_otel.otel.links import NOT_EXPORTED, LinkIndex
 from ng_otel.otel.settings import Settings, SettingsError, warn_not_enabled
 
 Failure = NgFailureEvent | FailureReport | BaseException
@@ -169,7 +169,8 @@ class FailureRecorder:
             self._emit(record, _Target(span, target.extra, target.counted), recovered, own, terminal, linked=True)
         finally:
             span.end()
-        self.index.set(event_id, span.get_span_context())
+        placed = span.get_span_context()
+        self.index.set(event_id, placed if placed.is_valid else NOT_EXPORTED)
         return True
 
     def _links(self, record: Mapping[str, Any], target: _Target) -> list[Link]:
