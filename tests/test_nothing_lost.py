@@ -89,9 +89,8 @@ def test_without_an_sdk_provider_a_reply_never_claims_its_events_were_exported()
     previous, was_enabled = get_recorder(), is_enabled()
     install_recorder(FailureRecorder(trace.NoOpTracer(), metrics.NoOpMeter("test")))
     try:
-        _, headers, _ = asyncio.run(
-            call(raising(lambda: a_remote_report() and NgFailureEvent("agent_run_error", "x", boundary="agent")), "/x")
-        )
+        app = raising(lambda: NgFailureEvent("agent_run_error", "run failed", boundary="agent"))
+        _, headers, _ = asyncio.run(call(app, "/x"))
     finally:
         install_recorder(previous, enabled=was_enabled)
     assert names.REPORT_HEADER.lower() in headers
