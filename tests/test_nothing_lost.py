@@ -8,6 +8,8 @@ from fastapi import FastAPI
 from opentelemetry import metrics, trace
 
 from ng_otel import NgFailureEvent, failure_report_for
+from ng_otel import observe_failure as ng_otel_observe
+from ng_otel import record_failure as ng_otel_record
 from ng_otel.contract import FailureReport
 from ng_otel.contract.report import FailureReport as Report
 from ng_otel.integrations import instrument_app
@@ -108,3 +110,56 @@ def test_thousands_of_failures_in_one_request_are_merged_in_place_not_copied_per
         log.add(report, own=(n == 0))
     assert merges == []
     assert list(log.report.events) == events and log.report.failure_id == events[0]
+
+
+def long_chain(length):
+    """``length`` Gym events, each raised from the one before: effect first."""
+    error = None
+    for n in range(length):
+        try:
+            raise NgFailureEvent("transport_timeout", f"attempt {n}", boundary="model") from error
+        except NgFailureEvent as raised:
+            error = raised
+    return error
+
+
+def test_a_chain_longer_than_a_span_keeps_loses_nothing_and_its_root_cause_stays():
+    # The SDK keeps 128 events a span (OTEL_SPAN_EVENT_COUNT_LIMIT) and drops the oldest: the
+    # root causes. What does not fit goes on short spans in the same trace.
+    top = long_chain(200)
+    with capture_failures() as telemetry:
+        with telemetry.tracer.start_as_current_span("POST /run") as server:
+            ng_otel_record(top)
+            span_id = server.get_span_context().span_id
+    events = telemetry.failure_events()
+    report = failure_report_for(top)
+    assert sorted(e["ng.failure.id"] for e in events) == sorted(report.events)  # all 200, once each
+    (root,) = [r for r in report.events.values() if "cause_id" not in r]
+    spans = telemetry.spans()
+    server_span = next(s for s in spans if s["name"] == "POST /run")
+    assert root["event_id"] in [e["attributes"]["ng.failure.id"] for e in server_span["events"]]
+    assert len(server_span["events"]) == 128 and server_span["status"] == "ERROR"
+    late = [s for s in spans if s["name"] == "ng.failure transport_timeout"]
+    assert len(late) == 72 and all(s["parent"]["span_id"] == span_id for s in late)
+    assert all(len(s["links"]) == 1 for s in late)  # each effect still links to its cause's span
+    assert telemetry.count() == 200
+
+
+def test_more_cause_links_than_a_span_takes_go_with_their_events_onto_short_spans():
+    # 150 causes a callee exported on spans of its own, each the cause of one local event.
+    with capture_failures() as telemetry:
+        causes = []
+        for n in range(150):
+            cause = NgFailureEvent("transport_timeout", f"remote {n}", boundary="model")
+            where = trace.SpanContext(n + 1, n + 1, is_remote=True, trace_flags=trace.TraceFlags(1))
+            get_recorder().learn_remote(failure_report_for(cause), {cause.event_id: where})
+            causes.append(cause)
+        with telemetry.tracer.start_as_current_span("POST /run"):
+            for cause in causes:
+                try:
+                    raise NgFailureEvent("agent_run_error", "gave up", boundary="agent") from cause
+                except NgFailureEvent as effect:
+                    ng_otel_observe(effect)
+    links = [link for span in telemetry.spans() for link in span["links"]]
+    assert len(links) == 150  # 128 on the span, 22 on short spans
+    assert len(telemetry.failure_events()) == 150

@@ -8,6 +8,7 @@ so each event is exported and counted exactly once across hops.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -132,13 +133,19 @@ class FailureRecorder:
             else:
                 where = targets[id(chosen)] = _Target(chosen, event_attributes, count)
             flags = (event_id in recovered_ids, event_id == own_id, event_id in terminal)
-            if not where.recording:
-                recorded += self._record_late(record, where, *flags)
-            # Claimed with the span it goes on, so a concurrent recorder of the same id skips it;
-            # an id known already was recorded here or exported by a callee: link, never copy.
-            elif self.index.add(event_id, where.context):
-                self._emit(record, where, *flags)
-                recorded += 1
+            if where.recording:
+                links = self._links(record, where.context)
+                if where.has_room(len(links), self._spans):
+                    # Claimed with the span it goes on, so a concurrent recorder of the same id
+                    # skips it; an id known already was recorded here or exported by a callee.
+                    if self.index.add(event_id, where.context):
+                        where.take_room(len(links), self._spans)
+                        self._emit(record, where, *flags, links)
+                        recorded += 1
+                    continue
+                if flags[1]:
+                    _mark_error(where.span, record["failure_kind"])  # its own failure, though it overflows
+            recorded += self._record_late(record, where, *flags)
         return recorded
 
     def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> None:
@@ -156,30 +163,32 @@ class FailureRecorder:
     def _record_late(
         self, record: Mapping[str, Any], target: _Target, recovered: bool, own: bool, terminal: bool
     ) -> bool:
-        """An ended or unsampled span takes no events: a short span in the same trace does,
-        with its links set at creation. True when the event was recorded now."""
+        """An ended or unsampled span takes no events, and a full one no more (the SDK would
+        drop the oldest, root causes first): a short span in the same trace does, with its
+        link set at creation. True when the event was recorded now."""
         event_id = record["event_id"]
         if not self.index.add(event_id, INVALID_SPAN_CONTEXT):
             return False
         parent = target.context
         context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
-        links = self._links(record, target)
+        links = self._links(record, None)
         span = self.tracer.start_span(names.LATE_SPAN_PREFIX + record["failure_kind"], context=context, links=links)
         try:
-            self._emit(record, _Target(span, target.extra, target.counted), recovered, own, terminal, linked=True)
+            self._emit(record, _Target(span, target.extra, target.counted), recovered, own, terminal, [])
         finally:
             span.end()
         placed = span.get_span_context()
         self.index.set(event_id, placed if placed.is_valid else NOT_EXPORTED)
         return True
 
-    def _links(self, record: Mapping[str, Any], target: _Target) -> list[Link]:
+    def _links(self, record: Mapping[str, Any], on: SpanContext | None) -> list[Link]:
+        """The cause link of ``record`` from the span ``on`` (``None``: a new one)."""
         cause_id = record.get("cause_id")
         if cause_id is None:
             return []
         cause_context = self.index.get(cause_id)
         # A cause recorded on this very span needs no link: cause_id on the event says it.
-        if cause_context is None or not cause_context.is_valid or cause_context == target.context:
+        if cause_context is None or not cause_context.is_valid or cause_context == on:
             return []
         event_id = record["event_id"]
         attributes = {names.LINK_TYPE: names.LINK_CAUSED_BY, names.ID: event_id, names.CAUSE_ID: cause_id}
@@ -192,7 +201,7 @@ class FailureRecorder:
         recovered: bool,
         own: bool,
         terminal: bool,
-        linked: bool = False,
+        links: list[Link],
     ) -> None:
         span = target.span
         event_id = record["event_id"]
@@ -225,9 +234,8 @@ class FailureRecorder:
         if target.extra:
             attributes.update(target.extra)
 
-        if not linked:
-            for link in self._links(record, target):
-                span.add_link(link.context, link.attributes)
+        for link in links:
+            span.add_link(link.context, link.attributes)
         if self._spans:
             span.add_event(names.EVENT, attributes)
         if own:
@@ -249,7 +257,7 @@ class FailureRecorder:
 class _Target:
     """The span failures go on, with what every event needs from it computed once."""
 
-    __slots__ = ("context", "counted", "extra", "recording", "span")
+    __slots__ = ("context", "counted", "events_room", "extra", "links_room", "recording", "span")
 
     def __init__(self, span: Span, extra: Mapping[str, Any] | None = None, counted: bool = True) -> None:
         self.span = span
@@ -257,6 +265,27 @@ class _Target:
         self.counted = counted
         self.context = span.get_span_context()
         self.recording = span.is_recording()
+        room: tuple[float, float] = _room(span) if self.recording else (0, 0)
+        self.events_room, self.links_room = room
+
+    def has_room(self, links: int, events: bool) -> bool:
+        return (not events or self.events_room >= 1) and self.links_room >= links
+
+    def take_room(self, links: int, events: bool) -> None:
+        self.events_room -= events
+        self.links_room -= links
+
+
+def _room(span: Span) -> tuple[float, float]:
+    """How many more events and links ``span`` keeps: the SDK's ``SpanLimits``
+    (``OTEL_SPAN_EVENT_COUNT_LIMIT``, ``OTEL_SPAN_LINK_COUNT_LIMIT``, 128 each by default) less
+    what it holds; unbounded for a span that is not the SDK's."""
+    limits = getattr(span, "_limits", None)
+    if limits is None:
+        return math.inf, math.inf
+    events = math.inf if limits.max_events is None else limits.max_events - len(span.events)  # type: ignore[attr-defined]
+    links = math.inf if limits.max_links is None else limits.max_links - len(span.links)  # type: ignore[attr-defined]
+    return events, links
 
 
 def _mark_error(span: Span, kind: str) -> None:
