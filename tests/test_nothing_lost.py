@@ -163,3 +163,86 @@ def test_more_cause_links_than_a_span_takes_go_with_their_events_onto_short_span
     links = [link for span in telemetry.spans() for link in span["links"]]
     assert len(links) == 150  # 128 on the span, 22 on short spans
     assert len(telemetry.failure_events()) == 150
+
+
+def test_a_deeply_nested_context_header_is_a_protocol_violation_and_the_report_survives():
+    report = a_remote_report()
+    headers = {names.REPORT_HEADER: report.to_header(), names.CONTEXT_HEADER: "[" * 2000 + "]" * 2000}
+    with capture_failures() as telemetry, telemetry.tracer.start_as_current_span("POST /run"):
+        assert observe_reply(headers.get, "harness") == report
+    kinds = [e["ng.failure.kind"] for e in telemetry.failure_events()]
+    assert kinds == ["protocol_violation"]  # the peer exported its own events: only the links are lost
+
+
+def test_a_deeply_nested_verify_reply_passes_through_untouched():
+    app = FastAPI()
+    nested = "[" * 5000 + "]" * 5000
+
+    @app.post("/verify")
+    async def verify():
+        from fastapi.responses import Response
+
+        return Response(nested, media_type="application/json")
+
+    with capture_failures() as telemetry:
+        status, _, body = asyncio.run(call(instrument_app(app), "/verify"))
+    assert status == 200 and body.decode() == nested and telemetry.count(names.VERIFY_METRIC) == 0
+
+
+def test_a_verify_reply_of_twenty_thousand_chunks_arrives_whole_and_is_counted():
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+    text = json.dumps({"reward": 0.0, "mask_sample": True, "failure_kind": "judge_failed", "pad": "x" * 20_000})
+
+    @app.post("/verify")
+    async def verify():
+        return StreamingResponse((c.encode() for c in text), media_type="application/json")
+
+    with capture_failures() as telemetry:
+        status, _, body = asyncio.run(call(instrument_app(app), "/verify"))
+    assert status == 200 and body.decode() == text
+    assert (
+        telemetry.count(names.VERIFY_METRIC, **{"verify.masked": True}) == 1
+        or telemetry.count(names.VERIFY_METRIC) == 1
+    )
+
+
+def test_a_failure_after_a_plain_reply_started_aborts_it_naming_the_kind_never_the_reason():
+    from fastapi.responses import StreamingResponse
+
+    from ng_otel.integrations.asgi import ReplyBroken
+
+    app = FastAPI()
+
+    @app.post("/download")
+    async def download():
+        async def parts():
+            yield b"first part"
+            raise NgFailureEvent("session_lost", "secret customer data in the reason", boundary="environment")
+
+        return StreamingResponse(parts(), media_type="application/octet-stream")
+
+    with capture_failures() as telemetry, pytest.raises(ReplyBroken) as raised:
+        asyncio.run(call(instrument_app(app), "/download"))
+    assert str(raised.value) == "session_lost after the reply started" and raised.value.__cause__ is None
+    assert "secret" not in repr(raised.value) and telemetry.count() == 1
+
+
+def test_handled_failures_outside_any_request_stay_bounded_and_keep_the_decisive_one():
+    from ng_otel.gym.episodes import MAX_HANDLED_KEPT, _handled, episode_response, handled_episode_failure
+
+    def run():
+        first = handled_episode_failure("session_lost", "lost", stage="agent", terminal=True)
+        for n in range(MAX_HANDLED_KEPT * 4):
+            handled_episode_failure("session_release_failed", f"cleanup {n}", stage="cleanup", terminal=False)
+        assert len(_handled.get()) == MAX_HANDLED_KEPT
+        response = episode_response({"result": {"x": 1}})
+        assert response["failure"]["failure_kind"] == "session_lost"
+        assert first.event_id in response["failure_report"]["events"]
+
+    with capture_failures() as telemetry:
+        import contextvars
+
+        contextvars.copy_context().run(run)
+    assert telemetry.count() == MAX_HANDLED_KEPT * 4 + 1  # every one recorded when handled

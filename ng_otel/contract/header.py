@@ -38,6 +38,16 @@ def encode_header_json(value: Any) -> str | None:
     return text if len(text) <= MAX_HEADER_BYTES else None
 
 
+def decode_json(data: str | bytes, what: str) -> Any:
+    """JSON that came from outside: ``ValueError`` naming ``what`` for anything that is not
+    JSON, nesting past orjson's depth bound (1024) included, which the standard library
+    would meet with a ``RecursionError`` instead."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as error:
+        raise ValueError(f"{what}: not JSON ({str(error).split(':', 1)[0]})") from None
+
+
 def check_header_value(value: object, header: str) -> str:
     """Reject what no conforming sender produces before any parsing work is done."""
     if isinstance(value, bytes):

@@ -43,6 +43,20 @@ class HandledFailure:
 
 
 _handled: ContextVar[tuple[HandledFailure, ...]] = ContextVar("ng_otel_handled_failures", default=())
+MAX_HANDLED_KEPT = 256
+"""Handled failures one context keeps for its episode response. Called outside any request
+and never answered, they would pile up for the life of the process; each was recorded (and
+exported) when it was handled, so only the response loses the oldest."""
+
+
+def _kept(handled: tuple[HandledFailure, ...], new: HandledFailure) -> tuple[HandledFailure, ...]:
+    kept = (*handled, new)
+    if len(kept) <= MAX_HANDLED_KEPT:
+        return kept
+    decisive = next((item for item in kept if item.terminal), None)  # the response's answer stays
+    if decisive is None or decisive in kept[-MAX_HANDLED_KEPT:]:
+        return kept[-MAX_HANDLED_KEPT:]
+    return (decisive, *kept[-(MAX_HANDLED_KEPT - 1) :])
 
 
 def handled_episode_failure(
@@ -71,7 +85,7 @@ def handled_episode_failure(
     )
     if cause is not None:
         event.__cause__ = cause
-    _handled.set((*_handled.get(), HandledFailure(event, terminal, partial)))
+    _handled.set(_kept(_handled.get(), HandledFailure(event, terminal, partial)))
     report = failure_report_for(event)
     if report is not None:
         _record_returned(report, decisive=terminal, terminal=(event.event_id,) if terminal else ())

@@ -22,12 +22,12 @@ app answers is answered here with its ``http_status`` (500 without one) and a JS
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
 
 from opentelemetry import trace
 
+from ng_otel.contract.header import decode_json
 from ng_otel.gym.episodes import record_verify_outcome
 from ng_otel.integrations._exchange import failure_reply, reply_headers
 from ng_otel.otel import names
@@ -84,18 +84,28 @@ class FailureReportMiddleware:
                 raise
             status, body, report = answer
             record_failure(report, span=server_span)
-            if reply.started or not self.answer_failures:
-                await reply.finish_stream()
-                raise
-            await reply.send_failure(status, body)
+            if not self.answer_failures:
+                raise  # the app's own error handler answers, with the report on its reply
+            if not reply.started:
+                await reply.send_failure(status, body)
+            elif not await reply.finish_stream():
+                # Headers and part of a body are out: the server must abort the connection. It
+                # logs what is raised at ERROR, so that names the failure, never its reason.
+                kind = report.events[report.failure_id]["failure_kind"]
+                raise ReplyBroken(f"{kind} after the reply started") from None
         finally:
             close_failure_log(token)
+
+
+class ReplyBroken(Exception):
+    """A failure after the reply started: the connection is aborted; the failure itself was
+    recorded and its event carries the details."""
 
 
 class _Reply:
     """Forwards the app's messages, adding the report where the reply can still carry it."""
 
-    __slots__ = ("_body", "_finished", "_held", "_log", "_send", "_stream", "_verify", "started")
+    __slots__ = ("_body", "_finished", "_held", "_held_bytes", "_log", "_send", "_stream", "_verify", "started")
 
     def __init__(self, send: Send, log: FailureLog, *, verify: bool = False) -> None:
         self._send = send
@@ -103,6 +113,7 @@ class _Reply:
         self._verify = verify
         self._held: Message | None = None  # a verify reply's start, until its body is read
         self._body: list[bytes] = []
+        self._held_bytes = 0
         self.started = False
         self._stream = False
         self._finished = False
@@ -118,9 +129,11 @@ class _Reply:
             await self._start(message)
             return
         if self._held is not None and kind == "http.response.body":
-            self._body.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            self._body.append(chunk)
+            self._held_bytes += len(chunk)  # a running total: a reply of many small chunks stays linear
             if message.get("more_body", False):
-                if sum(map(len, self._body)) > MAX_VERIFY_BODY:
+                if self._held_bytes > MAX_VERIFY_BODY:
                     await self._release(more_body=True)
                 return
             record_verify_outcome(_json(b"".join(self._body)))
@@ -141,7 +154,7 @@ class _Reply:
         held, self._held = self._held, None
         if held is not None:
             await self._start(held)
-        body, self._body = b"".join(self._body), []
+        body, self._body, self._held_bytes = b"".join(self._body), [], 0
         await self._send({"type": "http.response.body", "body": body, "more_body": more_body})
 
     async def send_failure(self, status: int, body: bytes) -> None:
@@ -155,12 +168,13 @@ class _Reply:
         )
         await self._send({"type": "http.response.body", "body": body})
 
-    async def finish_stream(self) -> None:
-        """A stream broken by a failure still ends with its report when it can."""
+    async def finish_stream(self) -> bool:
+        """A stream broken by a failure still ends, with its report: True when it did."""
         if self._stream and not self._finished:
             await self._send_report_event()
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             self._finished = True
+        return self._finished
 
     async def _send_report_event(self) -> None:
         lines = [
@@ -182,9 +196,9 @@ def _content_type(headers: Any) -> bytes:
 
 def _json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return decode_json(body, "verify reply")
     except ValueError:
-        return None  # not JSON after all: record_verify_outcome ignores it
+        return None  # not JSON after all (or nested past any verify reply): nothing to count
 
 
 def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

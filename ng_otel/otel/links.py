@@ -7,7 +7,6 @@ means it was exported already, which is what keeps every event exported exactly 
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections import OrderedDict
@@ -16,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags
 
 from ng_otel.contract.events import ID_PATTERN
-from ng_otel.contract.header import OMITTED_VALUE, check_header_value, encode_header_json
+from ng_otel.contract.header import OMITTED_VALUE, check_header_value, decode_json, encode_header_json
 from ng_otel.otel.names import CONTEXT_HEADER
 
 NOT_EXPORTED: SpanContext = SpanContext(0, 0, is_remote=False)
@@ -92,12 +91,7 @@ def encode_context_header(contexts: Mapping[str, SpanContext]) -> str:
 def decode_context_header(value: str | bytes) -> dict[str, SpanContext] | None:
     """Event id -> remote span context, or ``None`` for ``{"omitted":true}``. Raises
     ``ValueError`` naming what is wrong."""
-    text = check_header_value(value, CONTEXT_HEADER)
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise ValueError(f"{CONTEXT_HEADER}: value is not JSON") from None
-    return decode_context_map(data)
+    return decode_context_map(decode_json(check_header_value(value, CONTEXT_HEADER), CONTEXT_HEADER))
 
 
 def decode_context_map(data: object) -> dict[str, SpanContext] | None:
