@@ -1,13 +1,17 @@
+import asyncio
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import venv
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from ng_otel import NgFailureEvent
 from ng_otel.cli.receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +107,179 @@ def ng_otel_cli(installed, tmp_path_factory):
         )
 
     return run
+
+
+# == Shared test helpers ========================================================================
+# One rule: a fixture is what has a lifecycle (something started, held or built, and undone
+# after); every other shared helper (a class, a constant, a function) is a plain definition here,
+# imported by name (`from tests.conftest import raise_chain`). Helpers call one another and serve
+# class-scoped fixtures and hypothesis tests, which a function-scoped fixture cannot. No test
+# module imports from another.
+
+# -- failure chains -----------------------------------------------------------------------------
+
+
+class SdkError(Exception):
+    """A third-party SDK's error: not a Gym failure, but it carries an HTTP status."""
+
+    def __init__(self, message, status_code):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class TheirGymEvent(Exception):
+    """A stand-in for Gym's own NgFailureEvent: the documented API, another class."""
+
+    def __init__(self, kind, reason, *, boundary, event_id, record_extra=None, broken=False):
+        super().__init__(reason)
+        self.failure_kind, self.failure_reason, self.boundary = kind, reason, boundary
+        self.event_id = event_id
+        self.record_extra = record_extra or {}
+        self.broken = broken
+
+    @property
+    def cause_id(self):
+        return "their-own-idea"
+
+    def to_record(self):
+        if self.broken:
+            raise RuntimeError("to_record is broken")
+        record = {
+            "event_id": self.event_id,
+            "boundary": self.boundary,
+            "failure_kind": self.failure_kind,
+            "failure_reason": self.failure_reason,
+            "cause_id": "their-own-idea",
+        }
+        return record | self.record_extra
+
+
+def raise_chain(*layers):
+    """Raise each layer `from` the previous one; return the top exception."""
+    error = None
+    for layer in layers:
+        try:
+            if error is None:
+                raise layer
+            raise layer from error
+        except BaseException as caught:
+            error = caught
+    return error
+
+
+def model_timeout():
+    """The model server's timeout, as the policy model call records it."""
+    return NgFailureEvent(
+        "transport_timeout", "model timed out", boundary="model", http_status=504, operation="chat_completions"
+    )
+
+
+def three_level():
+    """The agent's run failed because the harness gave up because the model timed out."""
+    return raise_chain(
+        model_timeout(),
+        NgFailureEvent("agent_run_error", "harness gave up", boundary="harness", stage="agent"),
+        NgFailureEvent("agent_run_error", "run failed", boundary="agent", stage="agent", http_status=500),
+    )
+
+
+# -- Gym rows -----------------------------------------------------------------------------------
+
+FAILURE = {"failure_reason": "session reset failed", "terminal": True, "failure_kind": "session_lost", "stage": "seed"}
+
+
+def rollout(**extra):
+    """A collector's rollout failure row, with ``extra`` fields replacing its own."""
+    base = {
+        "episode_id": {"rollout_id": "ep-1", "attempt": 0},
+        "run_id": "run-1",
+        "source": "collector",
+        "delivery": "possibly_delivered",
+        "failure": FAILURE,
+    }
+    return base | extra
+
+
+# -- ASGI ---------------------------------------------------------------------------------------
+
+
+async def call(app, path, body=b"{}", method="POST", sent=None):
+    """One HTTP request through ``app``'s ASGI interface; returns (status, headers, body).
+    ``sent`` collects every message the app sent."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    sent = [] if sent is None else sent
+    received = False
+
+    async def receive():
+        nonlocal received
+        if received:
+            await asyncio.sleep(3600)
+        received = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {name.decode(): value.decode() for name, value in start["headers"]}
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], headers, content
+
+
+# -- waiting and ports --------------------------------------------------------------------------
+
+
+def wait_until(predicate, timeout, what, *, ignoring=()):
+    """Poll ``predicate`` with a short backoff until it returns something true, and return that.
+    After ``timeout`` seconds, fail the test saying what it waited for (``what``: a string, or a
+    callable for a message made then, such as a log's tail). Exceptions of the ``ignoring`` types
+    mean "not yet"."""
+    deadline = time.monotonic() + timeout
+    pause, last = 0.01, None
+    while True:
+        try:
+            result = predicate()
+        except ignoring as error:
+            result, last = None, error
+        if result:
+            return result
+        left = deadline - time.monotonic()
+        if left <= 0:
+            told = what() if callable(what) else what
+            pytest.fail(f"gave up after {timeout:.0f}s waiting for {told}" + (f" (last: {last!r})" if last else ""))
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.5)
+
+
+@pytest.fixture
+def refused_port():
+    """A port on 127.0.0.1 that refuses every connection: bound (so nothing else can take it for
+    the test's length) but never listening. For a collector that is down."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def unused_port() -> int:
+    """A port number nothing listens on now, for a component that binds by number itself and
+    neither takes a socket nor reports the port it bound: OpenTelemetry's Prometheus exporter
+    (``start_http_server`` on ``OTEL_EXPORTER_PROMETHEUS_PORT``) and NeMo Gym's server config
+    (whose own parser picks ports this way). Another process may take the port before the
+    component binds it, so everything that can is handed a socket bound to port 0 instead."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -4,7 +4,7 @@ from ng_otel import NgFailureEvent, failure_report_for
 from ng_otel.contract import FailureReport
 from ng_otel.gym.collection import replay_rows, report_row, row_report
 from ng_otel.testing import CapturedTelemetry, capture_failures
-from tests.test_events import raise_chain
+from tests.conftest import raise_chain
 
 
 def chain():

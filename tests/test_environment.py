@@ -10,7 +10,7 @@ from ng_otel.integrations import instrument_app
 from ng_otel.otel import names
 from ng_otel.otel.failure_log import close_failure_log, open_failure_log
 from ng_otel.testing import capture_failures
-from tests.test_asgi import call
+from tests.conftest import call
 
 IDENTITY = {"episode_id": {"rollout_id": "task-1", "attempt": 0}, "task_id": {"taskset": "s", "task_id": "t"}}
 

@@ -13,29 +13,11 @@ from ng_otel.contract.events import (
     gym_event_view,
     is_gym_failure,
 )
+from tests.conftest import SdkError, TheirGymEvent, raise_chain
 
 
 def model_timeout(**extra):
     return NgFailureEvent("transport_timeout", "model server timed out", boundary="model", http_status=504, **extra)
-
-
-class SdkError(Exception):
-    def __init__(self, message, status_code):
-        super().__init__(message)
-        self.status_code = status_code
-
-
-def raise_chain(*layers):
-    """Raise each layer `from` the previous one; return the top exception."""
-    error = None
-    for layer in layers:
-        try:
-            if error is None:
-                raise layer
-            raise layer from error
-        except BaseException as caught:
-            error = caught
-    return error
 
 
 def test_event_id_is_assigned_at_construction_as_32_lowercase_hex():
@@ -177,7 +159,7 @@ def test_foreign_intermediary_supplies_foreign_error_and_keeps_the_link():
     middle = raise_chain(bottom, SdkError("rate limited", 429))
     top2 = raise_chain(middle, NgFailureEvent("judge_failed", "x", boundary="resources_server"))
     assert top2.to_record()["foreign_error"] == {
-        "type": "tests.test_events.SdkError",
+        "type": "tests.conftest.SdkError",
         "message": "rate limited",
         "http_status": 429,
     }
@@ -220,7 +202,7 @@ def test_pickle_keeps_ids_explicit_causes_and_foreign_error(dumps, loads):
     assert again.to_record() == top.to_record()
     assert isinstance(again.__cause__, NgFailureEvent)
     assert again.__cause__.to_record() == bottom.to_record()
-    assert again.foreign_error == ForeignError("tests.test_events.SdkError", "overloaded", 503)
+    assert again.foreign_error == ForeignError("tests.conftest.SdkError", "overloaded", 503)
 
 
 def test_pickle_of_a_10000_deep_chain_does_not_recurse():
@@ -240,33 +222,6 @@ def test_a_cycle_in_the_cause_chain_ends_the_walk():
 
 
 # --- an exception following Gym's documented NgFailureEvent API, not our class ---------------
-
-
-class TheirGymEvent(Exception):
-    """A stand-in for Gym's own NgFailureEvent: the documented API, another class."""
-
-    def __init__(self, kind, reason, *, boundary, event_id, record_extra=None, broken=False):
-        super().__init__(reason)
-        self.failure_kind, self.failure_reason, self.boundary = kind, reason, boundary
-        self.event_id = event_id
-        self.record_extra = record_extra or {}
-        self.broken = broken
-
-    @property
-    def cause_id(self):
-        return "their-own-idea"
-
-    def to_record(self):
-        if self.broken:
-            raise RuntimeError("to_record is broken")
-        record = {
-            "event_id": self.event_id,
-            "boundary": self.boundary,
-            "failure_kind": self.failure_kind,
-            "failure_reason": self.failure_reason,
-            "cause_id": "their-own-idea",
-        }
-        return record | self.record_extra
 
 
 def test_an_exception_following_the_api_is_a_gym_failure_and_others_are_not():
@@ -303,7 +258,7 @@ def test_their_event_is_our_cause_and_its_cause_is_the_next_gym_event_in_the_cha
         "failure_kind": "judge_failed",
         "failure_reason": "judge down",
         "cause_id": bottom.event_id,
-        "foreign_error": {"type": "tests.test_events.SdkError", "message": "overloaded", "http_status": 503},
+        "foreign_error": {"type": "tests.conftest.SdkError", "message": "overloaded", "http_status": 503},
     }
 
 
@@ -321,7 +276,7 @@ def test_their_event_with_an_invalid_record_is_a_foreign_exception_never_an_erro
     assert not gym_event_view(theirs)
     (record,) = gym_chain_records(top)
     assert "cause_id" not in record
-    assert record["foreign_error"]["type"] == "tests.test_events.TheirGymEvent"
+    assert record["foreign_error"]["type"] == "tests.conftest.TheirGymEvent"
 
 
 def test_a_chain_of_theirs_pickles_into_ours_with_ids_kept():

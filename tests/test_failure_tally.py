@@ -12,7 +12,7 @@ from ng_otel.otel import names
 from ng_otel.otel._failure_tally import failure_tally
 from ng_otel.otel.recorder import FailureRecorder
 from ng_otel.testing import capture_failures
-from tests.test_recorder import model_timeout, three_level
+from tests.conftest import model_timeout, three_level
 
 
 def _points(reader):

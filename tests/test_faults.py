@@ -3,29 +3,22 @@ ending with events still queued. Replies never change; what is lost is counted."
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 import urllib.request
 
 import pytest
 
 from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
 from ng_otel.cli.receiver import OtlpReceiver
+from tests.conftest import unused_port, wait_until
 
 pytestmark = pytest.mark.e2e
 SCENARIOS = ["model_timeout", "retry_recovered", "judge_failed", "ok"]
 EXPECTED = {"model_timeout": 500, "retry_recovered": 200, "judge_failed": 500, "ok": 200}
 FAST = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rollouts(agent_url, tmp_path, env, repeat=3):
@@ -50,15 +43,15 @@ def failed_exports(text):
 
 
 @pytest.mark.parametrize("fault", ["down", "refusing", "slow"])
-def test_replies_are_unaffected_and_losses_are_counted(fault, tmp_path):
+def test_replies_are_unaffected_and_losses_are_counted(fault, tmp_path, refused_port):
     receiver = OtlpReceiver().start()
     endpoint = receiver.http_endpoint
     if fault == "down":
         receiver.stop()
-        endpoint = f"http://127.0.0.1:{free_port()}"
+        endpoint = f"http://127.0.0.1:{refused_port}"
     receiver.refuse = fault == "refusing"
     receiver.delay = 10.0 if fault == "slow" else 0.0
-    metrics_port = free_port()
+    metrics_port = unused_port()
     env = {**FAST, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_METRICS_EXPORTER": "none"}
     agent_env = {
         "agent": {
@@ -71,9 +64,9 @@ def test_replies_are_unaffected_and_losses_are_counted(fault, tmp_path):
         with gym_stack(env=env, log_dir=tmp_path, server_env=agent_env) as urls:
             assert_replies_unaffected(rollouts(urls.agent, tmp_path, {**env, "OTEL_TRACES_EXPORTER": "none"}))
             if fault != "slow":  # a slow collector still accepts, it only answers late
-                deadline = time.monotonic() + 20
-                while failed_exports(self_metrics(metrics_port)) == 0 and time.monotonic() < deadline:
-                    time.sleep(0.2)
+                wait_until(
+                    lambda: failed_exports(self_metrics(metrics_port)) > 0, 20, "ng.failures.unexported to count a loss"
+                )
                 assert failed_exports(self_metrics(metrics_port)) > 0, "a loss that no metric shows"
     finally:
         if fault != "down":
@@ -97,9 +90,15 @@ def test_a_flapping_collector_and_a_restart_mid_run_lose_only_what_they_refused(
             assert_replies_unaffected(rollouts(urls.agent, tmp_path, {**env, "OTEL_TRACES_EXPORTER": "none"}))
             stop.set()
             flapper.join()
-            receiver.stop()  # the collector restarts on the same ports
-            time.sleep(0.5)
-            receiver = OtlpReceiver().start(*ports)
+            receiver.stop()  # the collector restarts on the same ports, as soon as they are free
+
+            def restarted():
+                try:
+                    return OtlpReceiver().start(*ports)
+                except OSError:
+                    return None
+
+            receiver = wait_until(restarted, 10, f"the collector's ports {ports} to be free again")
             rows = rollouts(urls.agent, tmp_path, {**env, "OTEL_TRACES_EXPORTER": "none"})
             assert_replies_unaffected(rows)
         after = {eid for row in rows for eid in row.get("_ng_failure_events", {})}
@@ -111,7 +110,7 @@ def test_a_flapping_collector_and_a_restart_mid_run_lose_only_what_they_refused(
 
 QUEUED = textwrap.dedent(
     """
-    import sys, time, ng_otel
+    import signal, ng_otel
     from opentelemetry import trace
     ng_otel.enable("queued")
     tracer = trace.get_tracer("t")
@@ -119,7 +118,7 @@ QUEUED = textwrap.dedent(
         with tracer.start_as_current_span(f"request {i}"):
             ng_otel.record_failure(ng_otel.NgFailureEvent("shutdown", f"draining {i}", boundary="agent"))
     print("ready", flush=True)
-    time.sleep(60)
+    signal.pause()  # until the test's SIGTERM
     """
 )
 
@@ -132,10 +131,15 @@ def test_sigterm_with_events_still_queued_flushes_them_first(otlp):
         "OTEL_METRIC_EXPORT_INTERVAL": "600000",
     }
     process = subprocess.Popen([sys.executable, "-c", QUEUED], env=env, stdout=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "ready"
-    assert otlp.failure_events() == []  # still queued: the batch delay is ten minutes
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=20) == -signal.SIGTERM  # it still ends as SIGTERM says
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        assert otlp.failure_events() == []  # still queued: the batch delay is ten minutes
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == -signal.SIGTERM  # it still ends as SIGTERM says
+    finally:
+        if process.poll() is None:  # it waits for a signal: never leave it waiting
+            process.kill()
+            process.wait()
     assert len(otlp.failure_events()) == 20
     assert sum(p["value"] for p in otlp.metric_points("ng.failures")) == 20
 
@@ -164,10 +168,10 @@ MEMORY = textwrap.dedent(
 )
 
 
-def test_a_dead_collector_keeps_memory_bounded_and_counts_what_the_queue_dropped():
+def test_a_dead_collector_keeps_memory_bounded_and_counts_what_the_queue_dropped(refused_port):
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{refused_port}",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
         "OTEL_BSP_MAX_QUEUE_SIZE": "512",
     }

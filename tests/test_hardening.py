@@ -19,7 +19,7 @@ from ng_otel.otel.failure_log import close_failure_log, open_failure_log
 from ng_otel.otel.links import decode_context_header
 from ng_otel.otel.providers import RepeatLimit
 from ng_otel.testing import capture_failures
-from tests.test_asgi import call
+from tests.conftest import call
 
 SECRET = "sk-live-4f9a1c2e8b7d6a5f-SECRET"
 

@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ng_otel.contract import FailureReport
+from tests.conftest import wait_until
 
 APP = textwrap.dedent(
     """
@@ -80,14 +80,12 @@ def test_opentelemetry_instrument_enables_the_middleware_and_client_hook(tmp_pat
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def healthy():
             assert process.poll() is None, process.stderr.read().decode()
-            try:
-                if get(f"{url}/health")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+            return get(f"{url}/health")[0] == 200
+
+        wait_until(healthy, 30, "the instrumented app to answer /health", ignoring=(OSError,))
         status, headers, body = get(f"{url}/fail")
         assert status == 504 and json.loads(body)["failure"]["failure_kind"] == "transport_timeout"
         report = FailureReport.from_header(headers["x-ng-failure-report"])

@@ -3,7 +3,6 @@ endpoint, e.g. http://127.0.0.1:16686; Jaeger cannot be installed on the CI mach
 
 import json
 import os
-import time
 import urllib.parse
 import urllib.request
 
@@ -11,6 +10,7 @@ import pytest
 
 from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
 from ng_otel.gym.collection import row_report
+from tests.conftest import wait_until
 
 JAEGER = os.environ.get("NG_OTEL_TEST_JAEGER_URL")
 pytestmark = [
@@ -33,20 +33,26 @@ def test_the_model_timeout_chain_is_one_trace_with_caused_by_references(tmp_path
     with gym_stack(env=env, log_dir=tmp_path) as urls:
         (row,) = run_collection(urls.agent, tmp_path / "rows.jsonl", env, scenarios=["model_timeout"])
     wanted = set(row_report(row).events)
-    deadline = time.monotonic() + 30
-    while True:
+
+    def trace_spans():
         with urllib.request.urlopen(f"{JAEGER}/api/traces/{row['trace_id']}", timeout=5) as reply:
-            spans = json.loads(reply.read())["data"][0]["spans"]
-        found = {
+            return json.loads(reply.read())["data"][0]["spans"]
+
+    def failure_ids(spans):
+        return {
             field["value"]
             for span in spans
             for log in span.get("logs", [])
             for field in log["fields"]
             if field["key"] == "ng.failure.id"
         }
-        if found >= wanted or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+
+    def complete():
+        spans = trace_spans()
+        return spans if failure_ids(spans) >= wanted else None
+
+    spans = wait_until(complete, 30, f"Jaeger to hold the failure events {sorted(wanted)}")
+    found = failure_ids(spans)
     assert found >= wanted
     harness_span = next(
         s

@@ -3,10 +3,9 @@ rule, and a Prometheus server scraping the Gym stack fires the surge alert from 
 
 import json
 import os
+import re
 import shutil
-import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -16,6 +15,7 @@ import yaml
 
 from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
 from ng_otel.otel import names
+from tests.conftest import unused_port, wait_until
 
 pytestmark = pytest.mark.e2e
 RULES_DIR = Path(__file__).resolve().parents[1] / "collector-config" / "prometheus"
@@ -56,33 +56,31 @@ def test_promtool_unit_tests_prove_each_alert_firing_and_not_firing():
         assert outcomes == {True, False}, f"{alert} needs a firing and a not-firing case"
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def api(base, path, **params):
     url = f"{base}{path}" + ("?" + urllib.parse.urlencode(params, doseq=True) if params else "")
     with urllib.request.urlopen(url, timeout=5) as reply:
         return json.loads(reply.read())["data"]
 
 
-def wait(predicate, timeout=90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return True
-        except OSError:
-            pass
-        time.sleep(0.5)
-    return False
+def wait(predicate, what):
+    """Prometheus scrapes and evaluates each second; an API not yet answering is "not yet"."""
+    wait_until(predicate, 90, what, ignoring=(OSError,))
+
+
+def listening_address(server, log):
+    """Where the Prometheus started on port 0 listens, once its log says so."""
+
+    def address():
+        assert server.poll() is None, f"prometheus exited with {server.returncode}: {log.read_text()[-2000:]}"
+        found = re.search(r'msg="Listening on" address=(\S+)', log.read_text())
+        return found and found[1]
+
+    return wait_until(address, 30, lambda: f"prometheus to say where it listens: {log.read_text()[-2000:]}")
 
 
 def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path):
     prometheus = binary("prometheus")
-    metrics_ports = {name: free_port() for name in ("model", "resources", "agent")}
+    metrics_ports = {name: unused_port() for name in ("model", "resources", "agent")}
     server_env = {
         name: {
             "OTEL_METRICS_EXPORTER": "prometheus",
@@ -111,22 +109,23 @@ def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path
         ],
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    web = free_port()
-    base = f"http://127.0.0.1:{web}"
+    log = tmp_path / "prometheus.log"
     server = subprocess.Popen(
         [
             prometheus,
             f"--config.file={tmp_path / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{web}",
+            "--web.listen-address=127.0.0.1:0",  # it binds any free port and logs which
         ],
         stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "prometheus.log").open("wb"),
+        stderr=log.open("wb"),
     )
     try:
+        base = f"http://{listening_address(server, log)}"
         with gym_stack(env=quiet, log_dir=tmp_path, server_env=server_env) as urls:
-            assert wait(
-                lambda: len([t for t in api(base, "/api/v1/targets")["activeTargets"] if t["health"] == "up"]) == 3
+            wait(
+                lambda: len([t for t in api(base, "/api/v1/targets")["activeTargets"] if t["health"] == "up"]) == 3,
+                "all three servers scraped",
             )
 
             def rollouts(count):
@@ -139,7 +138,7 @@ def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path
             # A counter series is born at its first value, which rate() cannot see as an
             # increase: one failure first, scraped, then the surge.
             rollouts(1)
-            assert wait(lambda: counted("transport_timeout") == 1)
+            wait(lambda: counted("transport_timeout") == 1, "the first transport_timeout counted")
             rollouts(29)
 
             def surge_firing():
@@ -150,10 +149,11 @@ def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path
                     for alert in api(base, "/api/v1/alerts")["alerts"]
                 )
 
-            assert wait(surge_firing), (tmp_path / "prometheus.log").read_text()[-2000:]
-            assert wait(lambda: counted("transport_timeout") == 30)
-            # Each server is scraped on its own schedule: wait for the agent's count too.
-            assert wait(lambda: counted("agent_run_error") == 60)  # harness and agent, once each per rollout
+            wait(surge_firing, lambda: f"NgFailureKindSurge to fire: {log.read_text()[-2000:]}")
+            wait(lambda: counted("transport_timeout") == 30, "30 transport_timeout counted")
+            # Each server is scraped on its own schedule: wait for the agent's count too (harness
+            # and agent, once each per rollout).
+            wait(lambda: counted("agent_run_error") == 60, "60 agent_run_error counted")
             series = api(base, "/api/v1/series", **{"match[]": "ng_failures_total"})
             labels = {label for item in series for label in item} - {"__name__", "job", "instance"}
             bounded = {name.replace(".", "_") for name in names.METRIC_LABELS}

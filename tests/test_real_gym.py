@@ -25,7 +25,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ import yaml
 
 from ng_otel.cli.receiver import OtlpReceiver
 from ng_otel.contract import FailureReport
+from tests.conftest import unused_port, wait_until
 
 pytestmark = [pytest.mark.real_gym, pytest.mark.e2e]
 
@@ -48,7 +48,7 @@ REQUEST_TIMEOUT = 30.0
 EXPORT_TIMEOUT = 20.0
 COLLECT_TIMEOUT = 240.0
 CLI_TIMEOUT = 120.0
-SETTLE = 1.5  # after the first copy arrived: time for a duplicate to show up too
+SETTLE = 1.5  # after the first copy arrived: the window a live server's duplicate gets to show up in
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 
 RAISED_KIND = "real_gym:lookup_failed"  # the kind resources_app.py raises
@@ -144,15 +144,14 @@ def gym_venv(ng_otel_dist) -> Iterator[GymVenv]:
 
 
 def _lock(handle, mode: int, timeout: float = INSTALL_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def taken() -> bool:
         try:
             fcntl.flock(handle, mode | fcntl.LOCK_NB)
-            return
         except BlockingIOError:
-            if time.monotonic() > deadline:
-                pytest.fail(f"another session held {handle.name} for over {timeout:.0f}s")
-            time.sleep(0.5)
+            return False
+        return True
+
+    wait_until(taken, timeout, f"{handle.name}, which another session holds")
 
 
 @pytest.fixture(scope="session")
@@ -394,21 +393,21 @@ class GymStack:
         return server
 
     def wait_ready(self, *servers: GymServer) -> None:
+        """Wait until every server answers /health, within START_TIMEOUT for them all."""
         deadline = time.monotonic() + START_TIMEOUT
-        pending = list(servers)
-        while pending:
-            server = pending[0]
-            if server.process.poll() is not None:
-                pytest.fail(f"{server.name} exited with {server.process.returncode}:\n{server.log()}")
-            try:
-                if call(server.url, "GET", "/health").status == 200:
-                    pending.pop(0)
-                    continue
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"{server.name} did not answer /health within {START_TIMEOUT:.0f}s:\n{server.log()}")
-            time.sleep(0.2)
+        for server in servers:
+
+            def healthy(server: GymServer = server) -> bool:
+                if server.process.poll() is not None:
+                    pytest.fail(f"{server.name} exited with {server.process.returncode}:\n{server.log()}")
+                return call(server.url, "GET", "/health").status == 200
+
+            wait_until(
+                healthy,
+                max(deadline - time.monotonic(), 0),
+                lambda server=server: f"{server.name} to answer /health:\n{server.log()}",
+                ignoring=(OSError,),
+            )
 
     def stop(self, server: GymServer) -> None:
         if server.process.poll() is None:
@@ -439,12 +438,6 @@ def gym_stack(gym_venv: GymVenv, root: Path, env_base: dict[str, str], blocks: d
             stack.stop_all()
         finally:
             receiver.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 JUDGE_MODEL = {"judge_model": {"responses_api_models": {"canned_model": {"entrypoint": "app.py"}}}}
@@ -481,7 +474,7 @@ def judged(gym_venv, gym_env_base, tmp_path_factory) -> Iterator[JudgedServers]:
         model = stack.start("judge_model", HERE / "model_app.py")
         on = stack.start("judged", HERE / "resources_app.py")
         off = stack.start(
-            "judged", HERE / "resources_app.py", ng_otel=False, config_yaml=stack.with_port("judged", free_port())
+            "judged", HERE / "resources_app.py", ng_otel=False, config_yaml=stack.with_port("judged", unused_port())
         )
         stack.wait_ready(model, on, off)
         yield JudgedServers(stack, on, off)
@@ -523,7 +516,7 @@ class TestResourcesServer:
             ),
             EXPORT_TIMEOUT,
         ), f"no ng.failure event for the judge failure; spans: {spans_in_trace(judged.otlp, trace_id)}"
-        time.sleep(SETTLE)
+        time.sleep(SETTLE)  # on purpose: a duplicate has no event to wait for, only time to arrive in
         events = [
             (a, s)
             for a, s in failure_events_in_trace(judged.otlp, trace_id)
@@ -585,7 +578,7 @@ class TestResourcesServer:
             ),
             EXPORT_TIMEOUT,
         ), f"no ng.failure event for the raised failure; spans: {spans_in_trace(judged.otlp, trace_id)}"
-        time.sleep(SETTLE)
+        time.sleep(SETTLE)  # on purpose: a duplicate has no event to wait for, only time to arrive in
         events = [
             (a, s) for a, s in failure_events_in_trace(judged.otlp, trace_id) if a.get("ng.failure.kind") == RAISED_KIND
         ]
@@ -816,8 +809,8 @@ class TestCollection:
                 f"replayed {len(rows)} rows: {len(failing)} with failures, {len(failing)} events exported, 0 skipped"
             )
             assert summary in out, out
+            # The replay has exited, so every export it made has been answered, and stored first.
             assert receiver.wait_for(lambda: len(receiver.failure_events()) >= len(failing), EXPORT_TIMEOUT)
-            time.sleep(SETTLE)
             events = receiver.failure_events()
             assert sorted(e["ng.failure.kind"] for e in events) == sorted(r["_ng_failure_class"] for r in failing)
             for event in events:

@@ -14,21 +14,7 @@ from ng_otel.otel import recorder as recorder_module
 from ng_otel.otel.links import LinkIndex, decode_context_header, encode_context_header
 from ng_otel.otel.recorder import get_recorder
 from ng_otel.testing import CapturedTelemetry, capture_failures, internal_errors_logged
-from tests.test_events import SdkError, raise_chain
-
-
-def model_timeout():
-    return NgFailureEvent(
-        "transport_timeout", "model timed out", boundary="model", http_status=504, operation="chat_completions"
-    )
-
-
-def three_level():
-    return raise_chain(
-        model_timeout(),
-        NgFailureEvent("agent_run_error", "harness gave up", boundary="harness", stage="agent"),
-        NgFailureEvent("agent_run_error", "run failed", boundary="agent", stage="agent", http_status=500),
-    )
+from tests.conftest import SdkError, model_timeout, raise_chain, three_level
 
 
 def test_three_level_chain_in_one_span_exports_events_and_error_status_without_self_links():

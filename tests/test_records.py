@@ -18,19 +18,7 @@ from ng_otel.contract import (
     http_status_is_infra,
 )
 from ng_otel.contract.events import MAX_REASON_CHARS
-
-FAILURE = {"failure_reason": "session reset failed", "terminal": True, "failure_kind": "session_lost", "stage": "seed"}
-
-
-def rollout(**extra):
-    base = {
-        "episode_id": {"rollout_id": "ep-1", "attempt": 0},
-        "run_id": "run-1",
-        "source": "collector",
-        "delivery": "possibly_delivered",
-        "failure": FAILURE,
-    }
-    return base | extra
+from tests.conftest import FAILURE, rollout
 
 
 def test_episode_failure_has_exactly_the_four_v1_fields():

@@ -9,14 +9,13 @@ from ng_otel.contract.events import BOUNDARIES, STAGES, NgFailureEvent
 from ng_otel.contract.header import MAX_HEADER_BYTES, OMITTED_VALUE, encode_ascii_json
 from ng_otel.contract.kinds import FAILURE_KINDS
 from ng_otel.contract.report import FailureReport, failure_report_for, find_boundary_failure, rebuild_failure
-from tests.test_events import SdkError, TheirGymEvent, raise_chain
+from tests.conftest import SdkError, TheirGymEvent, raise_chain, three_level
 
 
 def three_level_chain():
-    model = NgFailureEvent("transport_timeout", "model timed out", boundary="model", http_status=504)
-    harness = NgFailureEvent("agent_run_error", "harness gave up", boundary="harness", stage="agent")
-    agent = NgFailureEvent("agent_run_error", "run failed", boundary="agent", stage="agent", http_status=500)
-    return raise_chain(model, harness, agent), (agent, harness, model)
+    """The shared three-level chain and its events, top first."""
+    top = three_level()
+    return top, (top, top.__cause__, top.__cause__.__cause__)
 
 
 def test_report_names_the_top_event_and_links_causes():

@@ -50,7 +50,7 @@ from ng_otel.contract import (
 from ng_otel.contract.events import MAX_REASON_CHARS
 from ng_otel.gym.episodes import episode_response, handled_episode_failure, record_verify_outcome
 from ng_otel.testing import capture_failures
-from tests.test_records import FAILURE, rollout
+from tests.conftest import FAILURE, rollout
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = os.environ.get("NG_OTEL_GYM_VERSION", "0.7.0")
