@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["codec.py", "recorder.py", "latency.py", "replay.py"]
+BENCHMARKS = ["codec.py", "recorder.py", "latency.py", "replay.py", "summary.py"]
 
 if __name__ == "__main__":
     failed = [name for name in BENCHMARKS if subprocess.run([sys.executable, str(HERE / name)]).returncode]

@@ -235,3 +235,61 @@ def test_show_draws_a_chain_that_crosses_traces_as_one_tree(tmp_path, otlp, ng_o
     assert lines[title + 3].startswith("    └── transport_timeout  model · 504")
     assert lines[title + 3].endswith(model["event_id"])
     assert "2 failure chain group(s) shown" in done.stdout  # the joined chain, the recovered retry
+
+
+# -- the fast reading of canonical saved reports -------------------------------------------
+
+_IDS = st.sampled_from(["e1", "e2", "e3", "bad id", "", "x" * 129, "e1\n"])
+_RECORDS = st.fixed_dictionaries(
+    {
+        "event_id": _IDS,
+        "boundary": st.sampled_from(["model", "agent", "nowhere", 3]),
+        "failure_kind": st.sampled_from(["transport_timeout", "swe:patch_failed", "made_up", "Bad", "x" * 200, None]),
+        "failure_reason": st.one_of(st.text(max_size=5), st.just("r" * 2001), st.integers()),
+    },
+    optional={
+        "stage": st.sampled_from(["agent", "seed", "nope", None]),
+        "http_status": st.sampled_from([504, 99, 600, True, "500", 200]),
+        "cause_id": _IDS,
+        "operation": st.sampled_from(["verify", "bad op"]),
+        "foreign_error": st.one_of(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["SdkError", ""]), "message": st.text(max_size=3)},
+                optional={"http_status": st.sampled_from([503, 700]), "extra": st.just(1)},
+            ),
+            st.just("not a dict"),
+        ),
+        "unknown": st.just(1),
+    },
+)
+
+
+@given(
+    st.lists(_RECORDS, max_size=3),
+    st.sampled_from([None, "e1", "e2", "zz", 5]),
+    st.sampled_from([False, True, "yes", None]),
+)
+def test_fast_reading_of_a_saved_report_agrees_with_row_report(records, failure_id, omitted):
+    from ng_otel.contract.rows import read_row, row_report
+
+    row = {"_ng_failure_events": {record["event_id"]: record for record in records}}
+    if failure_id is not None:
+        row["_ng_failure_id"] = failure_id
+    if omitted is not None:
+        row["_ng_failure_events_omitted"] = omitted
+    try:
+        expected = row_report(row)
+    except ValueError:
+        with pytest.raises(ValueError):
+            read_row(row)
+        return
+    assert read_row(row) == expected
+
+
+def test_rows_as_collection_writes_them_take_the_fast_reading():
+    from ng_otel.contract.rows import _canonical_saved_report, row_report
+
+    for make in (mixed_rows._model_timeout, mixed_rows._namespaced, mixed_rows._retry_recovered, mixed_rows._omitted):
+        row = make(7)
+        fast = _canonical_saved_report(row)
+        assert fast is not None and fast == row_report(row)

@@ -59,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "replay":
             return replay_file(args.file, console)
         if args.command == "show":
-            return show_file(
+            from ng_otel.cli.show import show_paths
+
+            return show_paths(
                 args.file, console, kind=args.kind, boundary=args.boundary, limit=args.limit, full_ids=args.full_ids
             )
         if args.command in ("summary", "report"):
@@ -79,20 +81,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_FAILED
-
-
-def show_file(
-    paths: Sequence[Path],
-    console: Console,
-    *,
-    kind: str | None = None,
-    boundary: str | None = None,
-    limit: int | None = None,
-    full_ids: bool = False,
-) -> int:
-    from ng_otel.cli.show import show_paths
-
-    return show_paths(paths, console, kind=kind, boundary=boundary, limit=limit, full_ids=full_ids)
 
 
 def _count(text: str) -> int:

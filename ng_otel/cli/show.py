@@ -467,11 +467,9 @@ def show(
     *,
     kind: str | None = None,
     boundary: str | None = None,
-    limit: int | None = None,
-    full_ids: bool = False,
 ) -> tuple[int, list[BadLine]]:
     """Print each matching group as a tree; returns (groups shown, the first bad lines)."""
-    result = show_groups(groups, console, kind=kind, boundary=boundary, limit=limit, full_ids=full_ids)
+    result = show_groups(groups, console, kind=kind, boundary=boundary)
     return result.shown, result.bad
 
 

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ng_otel.cli.show import clean, is_otlp, otlp_failure_events, printable, scan_file
 from ng_otel.contract.classify import classify_failure
-from ng_otel.contract.rows import SkippedLine, event_classes, read_row, row_masked
+from ng_otel.contract.rows import SkippedLine, event_facts, read_row, row_masked
 from ng_otel.otel import names
 
 SUMMARY_KEYS: Final = (
@@ -66,6 +66,10 @@ class Summary:
         self.files: list[str] = []
         self._otlp: dict[str, tuple[str, str, str | None, bool]] = {}  # id -> kind, boundary, cause, recovered
         self._traces: set[str] = set()
+        # Hot path: one dict entry per distinct (kind, boundary, stage, class) and per distinct
+        # (chain, root kind), folded into the figures by finish().
+        self._combos: dict[tuple[str, str, str | None, str], int] = {}
+        self._rooted: dict[tuple[Chain, str], int] = {}
 
     # -- adding -------------------------------------------------------------------------
 
@@ -101,29 +105,50 @@ class Summary:
             self.masked += 1
         if report is None:
             return
-        for record, failure_class in event_classes(value, report):
-            self._count(record["failure_kind"], record["boundary"], record.get("stage"), failure_class.value)
+        combos = self._combos
+        for facts in event_facts(value, report):
+            if facts in combos:
+                combos[facts] += 1
+            else:
+                self._count(*facts)
         if report.failure_id is not None:
             self.failed_rows += 1
+            events = report.events
             chain: list[tuple[str, str]] = []
-            record = report.events[report.failure_id]
+            record = events[report.failure_id]
             while True:
                 if len(chain) < MAX_CHAIN_HOPS:
                     chain.append((record["failure_kind"], record["boundary"]))
                 cause = record.get("cause_id")
                 if cause is None:
                     break
-                record = report.events[cause]
-            self.root_kinds.add(record["failure_kind"])
-            self.chains.add(tuple(chain))
+                record = events[cause]
+            key = (tuple(chain), record["failure_kind"])
+            if key in self._rooted:
+                self._rooted[key] += 1
+            elif len(self._rooted) < MAX_DISTINCT:
+                self._rooted[key] = 1
+            else:
+                self.chains.add(names.OTHER_KIND)
+                self.root_kinds.add(key[1])
 
     def _count(self, kind: str, boundary: str, stage: str | None, failure_class: str) -> None:
-        self.events += 1
-        self.by_kind.add(kind)
-        self.by_boundary.add(boundary)
-        self.by_class.add(failure_class)
-        self.by_stage.add(stage or NO_STAGE)
-        self.kind_boundary.add((kind, boundary))
+        key = (kind, boundary, stage, failure_class)
+        if key in self._combos:
+            self._combos[key] += 1
+        elif len(self._combos) < MAX_DISTINCT:
+            self._combos[key] = 1
+        else:
+            self._fold(key, 1)
+
+    def _fold(self, key: tuple[str, str, str | None, str], count: int) -> None:
+        kind, boundary, stage, failure_class = key
+        self.events += count
+        self.by_kind.add(kind, count)
+        self.by_boundary.add(boundary, count)
+        self.by_class.add(failure_class, count)
+        self.by_stage.add(stage or NO_STAGE, count)
+        self.kind_boundary.add((kind, boundary), count)
 
     def add_otlp(self, value: Any, number: int, where: str = "") -> None:
         """One OTLP JSON line: a trace is a row; each ``ng.failure`` event once, by id."""
@@ -161,7 +186,7 @@ class Summary:
             if recovered or event_id in causes:
                 continue  # recovered, or the cause of another failure: not a reply's own top
             self.failed_rows += 1
-            chain = [(kind, boundary)]
+            chain: list[tuple[str, str]] = [(kind, boundary)]
             seen = {event_id}
             while cause is not None and cause in self._otlp and cause not in seen:
                 seen.add(cause)
@@ -171,6 +196,13 @@ class Summary:
             self.root_kinds.add(kind)
             self.chains.add(tuple(chain))
         self._otlp.clear()
+        for key, count in self._combos.items():
+            self._fold(key, count)
+        self._combos.clear()
+        for (shape, root), count in self._rooted.items():
+            self.chains.add(shape, count)
+            self.root_kinds.add(root, count)
+        self._rooted.clear()
         return self
 
     # -- output -------------------------------------------------------------------------

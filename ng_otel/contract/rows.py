@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping
 from typing import IO, Any, Final
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from ng_otel.contract.classify import FailureClass, classify_failure
-from ng_otel.contract.events import MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
-from ng_otel.contract.kinds import is_well_formed
+from ng_otel.contract.classify import classify_failure
+from ng_otel.contract.events import BOUNDARIES, ID_PATTERN, MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
+from ng_otel.contract.kinds import FAILURE_KINDS, KIND_PATTERN, MAX_KIND_CHARS, is_well_formed, validate_failure_kind
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
-from ng_otel.contract.report import FailureReport
+from ng_otel.contract.report import MAX_REPORT_EVENTS, FailureReport
+from ng_otel.contract.report import _check_acyclic as check_acyclic
 
 # NeMo Gym 0.7.0's failure keys (nemo_gym/rollout_collection.py, nemo_gym/judge.py).
 ROW_FAILURE_CLASS: Final = "_ng_failure_class"
@@ -220,6 +222,10 @@ def read_row(row: Any) -> FailureReport | None:
     another error) when it is not a row or its failure data is invalid."""
     if not isinstance(row, dict):
         raise ValueError("not a row: a row is a JSON object")
+    if ROW_EVENTS in row or ROW_FAILURE_ID in row or ROW_OMITTED in row:
+        fast = _canonical_saved_report(row)
+        if fast is not None:
+            return fast
     try:
         return row_report(row)
     except RecursionError:  # a pathologically nested value in a row
@@ -265,11 +271,107 @@ def root_kind(report: FailureReport) -> str | None:
     return str(record["failure_kind"])
 
 
-def event_classes(row: Mapping[str, Any], report: FailureReport) -> Iterator[tuple[Mapping[str, Any], FailureClass]]:
-    """Each event of a row's report with its INFRA/DATA class; a row whose
+def event_facts(row: Mapping[str, Any], report: FailureReport) -> list[tuple[str, str, str | None, str]]:
+    """(kind, boundary, stage, INFRA/DATA class) of each event of a row's report; a row whose
     ``_ng_failure_terminal`` is true makes its own failure DATA (the environment decided
     another attempt would not help)."""
     terminal_id = report.failure_id if row_terminal(row) else None
-    for event_id, record in report.events.items():
-        status = record.get("http_status")
-        yield record, classify_failure(record["failure_kind"], status, terminal=event_id == terminal_id)
+    return [
+        (
+            record["failure_kind"],
+            record["boundary"],
+            record.get("stage"),
+            _class_of(record["failure_kind"], record.get("http_status"), event_id == terminal_id),
+        )
+        for event_id, record in report.events.items()
+    ]
+
+
+def _class_of(kind: str, status: int | None, terminal: bool) -> str:
+    key = (kind, status, terminal)
+    known = _CLASSES.get(key)
+    if known is None:
+        known = classify_failure(kind, status, terminal=terminal).value
+        if len(_CLASSES) < 4096:  # the default classifier is a pure function of these three
+            _CLASSES[key] = known
+    return known
+
+
+_CLASSES: dict[tuple[str, int | None, bool], str] = {}
+
+
+# A saved report in its canonical form (what ``report_row`` writes: known keys only, exact
+# types, every bound met) is read here without pydantic, about five times faster; anything
+# else goes to ``row_report``, which decides and names what is wrong. Both give the same
+# report (tests/test_summary.py holds them to it).
+_RECORD_KEYS: Final = frozenset({"event_id", "boundary", "failure_kind", "failure_reason", "stage", "http_status"})
+_CAUSED_KEYS: Final = _RECORD_KEYS | {"cause_id", "foreign_error"}
+_FOREIGN_KEYS: Final = frozenset({"type", "message", "http_status"})
+_ID: Final = re.compile(ID_PATTERN[1:-1])
+_KIND: Final = re.compile(KIND_PATTERN[1:-1])
+_BOUNDARIES: Final = frozenset(BOUNDARIES)
+_STAGES: Final = frozenset(STAGES)
+
+
+def _canonical_saved_report(row: Mapping[str, Any]) -> FailureReport | None:
+    events = row.get(ROW_EVENTS, _NO_EVENTS)
+    failure_id = row.get(ROW_FAILURE_ID)
+    omitted = row.get(ROW_OMITTED, False)
+    if type(events) is not dict or len(events) > MAX_REPORT_EVENTS or type(omitted) is not bool:
+        return None
+    caused = False
+    for event_id, record in events.items():
+        if (
+            type(record) is not dict
+            or not record.keys() <= _CAUSED_KEYS
+            or record.get("event_id") != event_id
+            or _ID.fullmatch(event_id) is None
+            or record.get("boundary") not in _BOUNDARIES
+            or type(reason := record.get("failure_reason")) is not str
+            or len(reason) > MAX_REASON_CHARS
+            or (record.get("failure_kind") not in FAILURE_KINDS and not _canonical_kind(record.get("failure_kind")))
+        ):
+            return None
+        if not record.keys() <= _RECORD_KEYS:
+            caused = True
+            cause = record.get("cause_id", event_id)
+            if cause not in events or ("foreign_error" in record and not _canonical_foreign(record["foreign_error"])):
+                return None
+        if "stage" in record and record["stage"] not in _STAGES:
+            return None
+        if "http_status" in record and not _canonical_status(record["http_status"]):
+            return None
+    if failure_id is not None and (type(failure_id) is not str or failure_id not in events):
+        return None
+    if caused:
+        try:
+            check_acyclic(events)
+        except ValueError:
+            return None
+    for record in events.values():
+        if record["failure_kind"] not in FAILURE_KINDS:
+            validate_failure_kind(record["failure_kind"])  # warns once for an unregistered kind, as row_report does
+    return FailureReport._trusted(events if events else {}, failure_id, omitted)
+
+
+_NO_EVENTS: Final[dict[str, Any]] = {}
+
+
+def _canonical_kind(kind: Any) -> bool:
+    return type(kind) is str and len(kind) <= MAX_KIND_CHARS and _KIND.fullmatch(kind) is not None
+
+
+def _canonical_status(status: Any) -> bool:
+    return type(status) is int and 100 <= status <= 599
+
+
+def _canonical_foreign(foreign: Any) -> bool:
+    return (
+        type(foreign) is dict
+        and foreign.keys() <= _FOREIGN_KEYS
+        and type(foreign.get("type")) is str
+        and 1 <= len(foreign["type"]) <= MAX_TYPE_CHARS
+        and type(foreign.get("message")) is str
+        and len(foreign["message"]) <= MAX_REASON_CHARS
+        and ("http_status" not in foreign or _canonical_status(foreign["http_status"]))
+    )
