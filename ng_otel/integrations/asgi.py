@@ -91,7 +91,7 @@ class FailureReportMiddleware:
             elif not await reply.finish_stream():
                 # Headers and part of a body are out: the server must abort the connection. It
                 # logs what is raised at ERROR, so that names the failure, never its reason.
-                kind = report.events[report.failure_id]["failure_kind"]
+                kind = report.chain()[0]["failure_kind"]  # the reply's own failure
                 raise ReplyBroken(f"{kind} after the reply started") from None
         finally:
             close_failure_log(token)
