@@ -59,7 +59,7 @@ class Installed:
 
 @pytest.fixture(scope="session")
 def installed(ng_otel_dist, tmp_path_factory) -> Installed:
-    """ng_otel from its wheel with the demo, no-code and Prometheus extras and
+    """ng_otel from its wheel with the demo, no-code, Prometheus and report extras and
     opentelemetry-distro, in one resolver pass (the contrib packages pin the SDK)."""
     (wheel,) = ng_otel_dist.glob("*.whl")
     path = tmp_path_factory.mktemp("installed") / "venv"
@@ -80,7 +80,7 @@ def installed(ng_otel_dist, tmp_path_factory) -> Installed:
             "--quiet",
             "--constraint",
             str(constraints),
-            f"{wheel}[demo,instrument,fastapi,aiohttp,prometheus]",
+            f"{wheel}[demo,instrument,fastapi,aiohttp,prometheus,report]",
             "opentelemetry-distro",
         ],
         capture_output=True,

@@ -24,17 +24,6 @@ needs_chromium = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def report_cli(ng_otel_cli, installed, ng_otel_dist):
-    """The installed ng-otel with the report extra, installed as a user installs it."""
-    (wheel,) = ng_otel_dist.glob("*.whl")
-    constraints = installed.path.parent / "constraints.txt"
-    pip = [installed.bin("python"), "-m", "pip", "install", "--quiet", "--constraint", str(constraints)]
-    done = subprocess.run([*pip, f"{wheel}[report]"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return ng_otel_cli
-
-
 def chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
@@ -59,11 +48,11 @@ def chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProce
 
 @pytest.mark.e2e
 @needs_chromium
-def test_report_renders_in_headless_chromium_offline_with_every_chart_drawn(tmp_path, report_cli):
+def test_report_renders_in_headless_chromium_offline_with_every_chart_drawn(tmp_path, ng_otel_cli):
     rows = tmp_path / "rows.jsonl"
     mixed_rows.write_mixed_rows(rows, 2_000, bad_every=600)
     page = tmp_path / "report.html"
-    done = report_cli("report", str(rows), "-o", str(page))
+    done = ng_otel_cli("report", str(rows), "-o", str(page))
     assert done.returncode == 0, done.stdout + done.stderr
     text = page.read_text()
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", text), "the page loads nothing from outside"
