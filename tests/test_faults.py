@@ -18,7 +18,12 @@ from tests.conftest import unused_port, wait_until
 pytestmark = pytest.mark.e2e
 SCENARIOS = ["model_timeout", "retry_recovered", "judge_failed", "ok"]
 EXPECTED = {"model_timeout": 500, "retry_recovered": 200, "judge_failed": 500, "ok": 200}
-FAST = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+FAST = {
+    "OTEL_BSP_SCHEDULE_DELAY": "100",
+    "OTEL_METRIC_EXPORT_INTERVAL": "500",
+    "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",  # the receiver's HTTP endpoint (gRPC is the default)
+}
 
 
 def rollouts(agent_url, tmp_path, env, repeat=3):
@@ -127,6 +132,7 @@ def test_sigterm_with_events_still_queued_flushes_them_first(otlp):
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_BSP_SCHEDULE_DELAY": "600000",
         "OTEL_METRIC_EXPORT_INTERVAL": "600000",
     }
