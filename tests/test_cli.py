@@ -86,7 +86,11 @@ def test_replay_of_the_demo_rows_gives_the_same_chains_as_the_live_run(demo, ng_
         done = ng_otel_cli(
             "replay",
             str(out / "rows.jsonl"),
-            env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_METRICS_EXPORTER": "none"},
+            env={
+                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_METRICS_EXPORTER": "none",
+            },
         )
         assert done.returncode == 0, done.stdout + done.stderr
         replay_path = out / "replay.jsonl"
@@ -111,7 +115,8 @@ def test_replay_of_the_demo_rows_gives_the_same_chains_as_the_live_run(demo, ng_
         if saved[effect].get("cause_id") == cause
     }
     assert live_shape == replay_shape and len(replay_shape) >= 3
-    assert f"replayed 8 rows: 7 with failures, {len(saved)} events exported, 0 skipped" in done.stdout
+    closing = " ".join(done.stdout.split())
+    assert f"replayed 8 rows: 7 with failures, {len(saved)} events exported, 0 failed to export, 0 skipped" in closing
 
 
 FIXTURE_ROWS = [
@@ -210,11 +215,16 @@ def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp, ng_otel_cli)
     done = ng_otel_cli(
         "replay",
         str(rows_file),
-        env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint, "OTEL_METRICS_EXPORTER": "none"},
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_METRICS_EXPORTER": "none",
+        },
     )
     assert done.returncode == 1
     assert "line 3: skipped: not JSON" in done.stdout and "line 5: skipped" in done.stdout
-    assert "replayed 5 rows: 2 with failures, 4 events exported, 2 skipped" in done.stdout
+    closing = " ".join(done.stdout.split())
+    assert "replayed 5 rows: 2 with failures, 4 events exported, 0 failed to export, 2 skipped" in closing
     assert otlp.wait_for(lambda: len(otlp.failure_events()) == 4)
 
 

@@ -2,6 +2,7 @@
 
 ng-otel demo                   run the example Gym stack and print its failure chains
 ng-otel replay rows.jsonl      saved rollout rows -> telemetry through the OTEL_* exporters
+ng-otel receive [--out FILE]   a local OTLP receiver: your servers' failure chains as they arrive
 ng-otel show FILE              rows or OTLP JSON lines as failure-chain trees
 ng-otel summary FILE...        what failed, where and why: counts by kind, boundary, class, root
 ng-otel report FILE... -o F    the summary as one self-contained HTML page of charts and trees
@@ -15,11 +16,9 @@ import argparse
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ng_otel.contract.kinds import FAILURE_KINDS, is_namespaced, is_registered
@@ -34,6 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--out", type=Path, default=Path("ng-otel-demo"), help="where rows, telemetry and logs go")
     replay = commands.add_parser("replay", help="saved rollout rows -> telemetry through the OTEL_* exporters")
     replay.add_argument("file", type=Path)
+    replay.add_argument("--count", action="store_true", help="add them to ng.failures (a backend that missed the run)")
+    replay.add_argument("--timeout", type=float, metavar="SECONDS", help="the final flush may take (default 30)")
+    receive = commands.add_parser("receive", help="a local OTLP receiver: failure chains as they arrive")
+    receive.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
+    receive.add_argument("--grpc-port", type=int, default=4317, help="default 4317; 0 picks a free port")
+    receive.add_argument("--http-port", type=int, default=4318, help="default 4318; 0 picks a free port")
+    receive.add_argument("--out", type=Path, metavar="FILE", help="append every request as an OTLP JSON line")
     show_parser = commands.add_parser("show", help="rows or OTLP JSON lines as failure-chain trees")
     show_parser.add_argument("file", type=Path, nargs="+")
     show_parser.add_argument("--kind", help="only chains with an event of this failure_kind")
@@ -57,7 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_demo(args.out, console)
         if args.command == "replay":
-            return replay_file(args.file, console)
+            from ng_otel.cli.replay import replay_file
+
+            return replay_file(args.file, console, count=args.count, flush_seconds=args.timeout)
+        if args.command == "receive":
+            from ng_otel.cli.receive import run_receive
+
+            return run_receive(args.host, args.grpc_port, args.http_port, args.out, console)
         if args.command == "show":
             from ng_otel.cli.show import show_paths
 
@@ -88,60 +100,6 @@ def _count(text: str) -> int:
     if value < 0:
         raise ValueError(text)
     return value
-
-
-def replay_file(path: Path, console: Console) -> int:
-    """Stream the rows through the configured exporters; memory stays flat on any size."""
-    from ng_otel.cli.show import BadLine, read_lines
-    from ng_otel.gym.collection import ReplaySummary, replay_row
-    from ng_otel.otel.providers import enable, shutdown
-
-    if enable("ng-otel-replay") is None:
-        console.print("[red]ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)[/red]")
-        return EXIT_FAILED
-    summary = ReplaySummary()
-    size = path.stat().st_size
-    consumed = 0
-
-    def lines(stream: IO[bytes]) -> Iterator[str]:
-        nonlocal consumed
-        for raw in stream:
-            consumed += len(raw)
-            yield raw.decode("utf-8", errors="replace")
-
-    with path.open("rb") as stream, _progress(console) as progress:
-        task = progress.add_task("replaying", total=size or None)
-        for number, row in read_lines(lines(stream)):
-            if isinstance(row, BadLine):
-                summary.rows += 1
-                summary.skipped.append((number, row.message))
-            else:
-                replay_row(row, number, summary)
-            if number % 1000 == 0:
-                progress.update(task, completed=consumed)
-        progress.update(task, completed=size)
-    shutdown()
-    for line, message in summary.skipped[:50]:
-        console.print(f"[red]line {line}: skipped: {message}[/red]")
-    if len(summary.skipped) > 50:
-        console.print(f"[red]... and {len(summary.skipped) - 50} more skipped lines[/red]")
-    console.print(
-        f"replayed {summary.rows} rows: {summary.with_failures} with failures, "
-        f"{summary.events_recorded} events exported, {len(summary.skipped)} skipped"
-    )
-    return EXIT_OK if not summary.skipped else EXIT_FAILED
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    )
 
 
 def show_kinds(console: Console, check: Path | None) -> int:

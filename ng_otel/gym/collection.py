@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.trace import Link, Span, SpanContext
 
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import FailureReport
-from ng_otel.contract.rows import row_report
+from ng_otel.contract.rows import read_row, row_report
 from ng_otel.otel import names
 from ng_otel.otel.links import decode_context_map, format_span_context
 from ng_otel.otel.recorder import get_recorder, is_enabled
@@ -58,32 +58,44 @@ def row_contexts(row: Mapping[str, Any]) -> dict[str, SpanContext] | None:
         raise ValueError(f"{names.ROW_CONTEXTS}: {error}") from None
 
 
+MAX_KEPT_SKIPS: Final = 50  # skipped rows whose line and reason are kept; the rest are counted
+
+
 @dataclass
 class ReplaySummary:
+    """What a replay did: memory stays flat however many rows are skipped."""
+
     rows: int = 0
     with_failures: int = 0
     events_recorded: int = 0
-    skipped: list[tuple[int, str]] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, reason): the first MAX_KEPT_SKIPS
+    skipped_rows: int = 0
+
+    def skip(self, line: int, reason: str) -> None:
+        self.skipped_rows += 1
+        if len(self.skipped) < MAX_KEPT_SKIPS:
+            self.skipped.append((line, reason))
 
 
-def replay_rows(rows: Iterable[Mapping[str, Any]], *, first_line: int = 1) -> ReplaySummary:
+def replay_rows(rows: Iterable[Mapping[str, Any]], *, first_line: int = 1, count: bool = False) -> ReplaySummary:
     """Turn saved rows back into telemetry through the configured providers. Events saved
     with a live span context are linked to, never exported again; a row with bad data is
-    skipped and reported with its line number."""
+    skipped and reported with its line number. Replayed events are not added to
+    ``ng.failures`` unless ``count`` (a backend that saw the live run counted them then)."""
     summary = ReplaySummary()
     for line, row in enumerate(rows, start=first_line):
-        replay_row(row, line, summary)
+        replay_row(row, line, summary, count=count)
     return summary
 
 
-def replay_row(row: Mapping[str, Any], line: int, summary: ReplaySummary) -> None:
+def replay_row(row: Mapping[str, Any], line: int, summary: ReplaySummary, *, count: bool = False) -> None:
     """Replay one saved row into ``summary`` (see ``replay_rows``); never raises for bad data."""
     summary.rows += 1
     try:
-        report = row_report(row)
+        report = read_row(row)
         contexts = row_contexts(row) if report is not None else None
     except ValueError as error:
-        summary.skipped.append((line, str(error)))
+        summary.skip(line, str(error))
         return
     if report is None or not report.events:
         return
@@ -105,7 +117,7 @@ def replay_row(row: Mapping[str, Any], line: int, summary: ReplaySummary) -> Non
     unplaced = any(event_id not in spans for event_id in report.events)
     opened = [*by_live.values(), *([recorder.tracer.start_span(names.REPLAY_SPAN)] if unplaced else [])]
     try:
-        summary.events_recorded += recorder.record(report, opened[-1], own=True, spans=spans)
+        summary.events_recorded += recorder.record(report, opened[-1], own=True, spans=spans, count=count)
     finally:
         for span in opened:
             span.end()

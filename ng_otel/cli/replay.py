@@ -1,0 +1,185 @@
+"""``ng-otel replay FILE``: saved rows back into telemetry, and an honest account of it.
+
+Replayed events are not added to ``ng.failures`` unless ``--count`` asks (a backend that saw
+the live run counted them then). "Exported" means what the span exporter reported as
+exported: an event the exporter failed to send, that the queue dropped, that the SDK's span
+limits cut, or that was still queued when the final flush ran out of time counts as failed to
+export, and then the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
+from rich.console import Console
+
+from ng_otel.otel import names
+from ng_otel.otel.export import LossCountingSpanExporter
+
+REPLAY_FLUSH_SECONDS: Final = 30.0  # the final flush: what is not exported by then failed
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+class ExportTally:
+    """What each span exporter ``enable()`` installed reported: the ``ng.failure`` events in
+    the batches it exported and in those it failed to export."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._exported: list[int] = []
+        self._failed: list[int] = []
+
+    def watch(self, exporter: LossCountingSpanExporter) -> None:
+        index = len(self._exported)
+        self._exported.append(0)
+        self._failed.append(0)
+        export = exporter.export
+
+        def counted(spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            result = export(spans)
+            events = sum(1 for span in spans for event in span.events if event.name == names.EVENT)
+            with self._lock:
+                if result is SpanExportResult.SUCCESS:
+                    self._exported[index] += events
+                else:
+                    self._failed[index] += events
+            return result
+
+        exporter.export = counted  # type: ignore[method-assign]
+
+    @property
+    def watching(self) -> int:
+        return len(self._exported)
+
+    @property
+    def any_failed(self) -> bool:
+        with self._lock:
+            return any(self._failed)
+
+    def totals(self) -> tuple[int, int]:
+        """(events every exporter exported, events some exporter reported failing)."""
+        with self._lock:
+            if not self._exported:
+                return 0, 0
+            return min(self._exported), max(self._failed)
+
+
+def watch_span_exporters(tally: ExportTally) -> None:
+    """Have ``tally`` see the results of the span exporters behind the global tracer provider.
+
+    The SDK offers no public way to list a provider's processors, so this reads its
+    ``_active_span_processor``; an SDK that moves it leaves ``tally`` watching nothing, which
+    reports every event as not exported (never the other way round)."""
+    processors = getattr(getattr(trace.get_tracer_provider(), "_active_span_processor", None), "_span_processors", ())
+    for processor in processors:
+        exporter = getattr(processor, "span_exporter", None)
+        if isinstance(exporter, LossCountingSpanExporter):
+            tally.watch(exporter)
+
+
+def replay_file(path: Path, console: Console, *, count: bool = False, flush_seconds: float | None = None) -> int:
+    """Stream the rows through the configured exporters; memory stays flat on any size. The
+    final flush takes at most ``flush_seconds`` (default ``REPLAY_FLUSH_SECONDS``)."""
+    from ng_otel.cli.show import printable, scan_file
+    from ng_otel.contract.rows import SkippedLine
+    from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row
+    from ng_otel.otel.providers import enable, shutdown
+
+    flush_seconds = REPLAY_FLUSH_SECONDS if flush_seconds is None else flush_seconds
+    path.stat()  # a missing file is a usage error before anything is set up
+    if enable("ng-otel-replay") is None:
+        console.print("[red]ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)[/red]")
+        return EXIT_FAILED
+    tally = ExportTally()
+    watch_span_exporters(tally)
+    summary = ReplaySummary()
+    pace = _Pace(tally)
+    try:
+        for number, value in scan_file(path, console, "replaying"):
+            if isinstance(value, SkippedLine):
+                summary.rows += 1
+                summary.skip(number, value.reason)
+            else:
+                replay_row(value, number, summary, count=count)
+                pace.after(summary.with_failures)
+    finally:
+        flushed = _within(flush_seconds, shutdown)
+    exported, failed_by_exporter = tally.totals()
+    not_exported = max(summary.events_recorded - exported, 0)
+
+    for line, reason in summary.skipped:
+        console.print(f"[red]line {line}: skipped: {printable(reason, 200)}[/red]")
+    if summary.skipped_rows > MAX_KEPT_SKIPS:
+        console.print(f"[red]... and {summary.skipped_rows - MAX_KEPT_SKIPS} more skipped lines[/red]")
+    if not_exported:
+        console.print(
+            f"[red]{_why_not_exported(tally, failed_by_exporter, not_exported, flushed, flush_seconds)}[/red]"
+        )
+    counted = "added to ng.failures" if count else "not added to ng.failures (--count adds them)"
+    console.print(
+        f"replayed {summary.rows} rows: {summary.with_failures} with failures, "
+        f"{exported} events exported, {not_exported} failed to export, {summary.skipped_rows} skipped; "
+        f"events {counted}"
+    )
+    return EXIT_OK if not summary.skipped_rows and not not_exported else EXIT_FAILED
+
+
+def _why_not_exported(tally: ExportTally, failed: int, missing: int, flushed: bool, seconds: float) -> str:
+    if not tally.watching:
+        return f"{missing} events not exported: no span exporter (OTEL_TRACES_EXPORTER) sends them anywhere"
+    reasons = []
+    if failed:
+        reasons.append(f"the exporter reported {failed} as failed (is the endpoint right, the collector up?)")
+    if missing > failed:
+        reasons.append(
+            f"{missing - failed} never reached it (dropped by the queue or the span limits"
+            + ("" if flushed else f", or still queued when the {seconds:g} s flush ended")
+            + ")"
+        )
+    return f"{missing} events not exported: " + "; ".join(reasons)
+
+
+class _Pace:
+    """A replay makes spans faster than any exporter sends them, and the SDK's span queue
+    (``OTEL_BSP_MAX_QUEUE_SIZE``) drops what it cannot hold. So every quarter queue of rows
+    with failures (a row opens one span, or a few), replay waits until the queue is sent; once
+    an export has failed it waits no more (a collector that is down would cost its timeout
+    each time), and what the queue then drops is reported as not exported."""
+
+    def __init__(self, tally: ExportTally) -> None:
+        try:
+            queue_size = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "") or 2048)
+        except ValueError:
+            queue_size = 2048
+        self._every = max(1, queue_size // 4)
+        self._next = self._every
+        self._tally = tally
+        self._flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+
+    def after(self, rows_with_failures: int) -> None:
+        if rows_with_failures < self._next:
+            return
+        self._next = rows_with_failures + self._every
+        if self._flush is not None and self._tally.watching and not self._tally.any_failed:
+            self._flush()
+
+
+def _within(seconds: float, work: Callable[[], Any]) -> bool:
+    """Run ``work`` for at most ``seconds``; whether it finished."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="ng-otel-replay-flush", daemon=True).start()
+    return done.wait(seconds)

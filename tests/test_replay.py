@@ -1,0 +1,194 @@
+"""`ng-otel replay`: no double counting, an exit status that says whether the events got where
+they were sent, and bounded reading of whatever the file holds."""
+
+import json
+import socket
+import subprocess
+import tracemalloc
+
+import pytest
+
+from ng_otel import NgFailureEvent, failure_report_for
+from ng_otel.contract.rows import MAX_ROW_BYTES
+from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row, replay_rows, report_row
+from ng_otel.otel import names
+from ng_otel.testing import capture_failures
+
+
+def chain_row() -> dict:
+    cause = NgFailureEvent("transport_timeout", "model timed out", boundary="model")
+    effect = NgFailureEvent("agent_run_error", "run failed", boundary="agent")
+    effect.__cause__ = cause
+    return report_row(failure_report_for(effect), contexts={})
+
+
+@pytest.mark.parametrize("count", [False, True])
+def test_replayed_events_are_exported_and_added_to_ng_failures_only_when_asked(count):
+    with capture_failures() as telemetry:
+        summary = replay_rows([chain_row(), chain_row()], count=count)
+    assert summary.events_recorded == 4 and len(telemetry.failure_events()) == 4
+    assert telemetry.count() == (4 if count else 0)
+
+
+@pytest.mark.parametrize("bad_rows", [MAX_KEPT_SKIPS, MAX_KEPT_SKIPS + 1])
+def test_skipped_rows_are_all_counted_and_the_first_are_kept_with_their_reason(bad_rows):
+    summary = ReplaySummary()
+    for line in range(1, bad_rows + 1):
+        replay_row({"_ng_failure_events": 5}, line, summary)
+    assert summary.skipped_rows == bad_rows
+    assert [line for line, _ in summary.skipped] == list(range(1, MAX_KEPT_SKIPS + 1))
+
+
+def test_replaying_many_bad_rows_keeps_memory_flat():
+    rows = ({"_ng_failure_events": {"[x]": {"event_id": "q" * 100}}} for _ in range(20_000))
+    with capture_failures():
+        tracemalloc.start()
+        try:
+            summary = replay_rows(rows)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert summary.skipped_rows == 20_000
+    assert peak < 1024 * 1024, peak  # keeping every reason would take several MiB
+
+
+# -- the command -----------------------------------------------------------------------------
+
+HTTP = {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+
+
+@pytest.fixture
+def rows(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(chain_row()) + "\n" + json.dumps({"healthy": True}) + "\n")
+    return path
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("count", [False, True])
+def test_replay_says_what_the_exporter_exported_and_counts_only_when_asked(rows, otlp, ng_otel_cli, count):
+    done = ng_otel_cli(
+        "replay",
+        str(rows),
+        *(["--count"] if count else []),
+        env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "replayed 2 rows: 1 with failures, 2 events exported, 0 failed to export, 0 skipped" in done.stdout
+    assert ("not added to ng.failures" in done.stdout) is not count
+    assert len(otlp.failure_events()) == 2  # the process ended: everything it exported is here
+    counted = sum(point["value"] for point in otlp.metric_points(names.FAILURES_METRIC))
+    assert counted == (2 if count else 0)
+
+
+@pytest.mark.e2e
+def test_a_file_larger_than_the_span_queue_is_exported_whole(tmp_path, otlp, ng_otel_cli):
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(json.dumps(chain_row()) + "\n" for _ in range(2_000)))  # a span each
+    done = ng_otel_cli(
+        "replay",
+        str(path),
+        env={**HTTP, "OTEL_BSP_MAX_QUEUE_SIZE": "512", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4000 events exported, 0 failed to export" in " ".join(done.stdout.split())
+    assert len({event["ng.failure.id"] for event in otlp.failure_events()}) == 4_000
+
+
+@pytest.fixture
+def closed_port():
+    """A port bound and never listening: connections to it are refused, and nobody else gets it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("where", ["collector down", "exporter none", "endpoint not a URL"])
+def test_replay_exits_nonzero_when_the_events_do_not_get_where_they_were_sent(rows, ng_otel_cli, closed_port, where):
+    env = {
+        "collector down": {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port}"},
+        "exporter none": {"OTEL_TRACES_EXPORTER": "none"},
+        "endpoint not a URL": {"OTEL_EXPORTER_OTLP_ENDPOINT": "notaurl"},
+    }[where]
+    done = ng_otel_cli("replay", str(rows), env={**HTTP, "OTEL_METRICS_EXPORTER": "none", **env})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "0 events exported, 2 failed to export" in done.stdout
+    assert "2 events not exported: " in done.stdout and "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.e2e
+def test_the_final_flush_is_bounded_and_what_it_did_not_send_failed(rows, otlp, ng_otel_cli):
+    otlp.delay = 120.0  # a collector that holds every export: only the replay's own bound ends it
+    done = ng_otel_cli(
+        "replay",
+        str(rows),
+        "--timeout",
+        "1",
+        env={**HTTP, "OTEL_EXPORTER_OTLP_TIMEOUT": "100", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint},
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "0 events exported, 2 failed to export" in done.stdout
+    assert "still queued when the 1 s flush ended" in done.stdout
+
+
+HOSTILE_KEY = "[/red][link=http://evil.example]click[/link]"
+
+
+@pytest.mark.e2e
+def test_replay_skips_lines_it_cannot_read_with_their_numbers_and_echoes_them_escaped(tmp_path, otlp, ng_otel_cli):
+    path = tmp_path / "hostile.jsonl"
+    with path.open("wb") as out:
+        out.write(json.dumps(chain_row()).encode() + b"\n")  # 1
+        out.write(b'{"reason": "caf\xe9"}\n')  # 2: Latin-1, not UTF-8
+        out.write(b"[" * 100_000 + b"\n")  # 3: nested past any parser's depth
+        out.write(json.dumps({"_ng_failure_events": {HOSTILE_KEY: {"event_id": "q"}}}).encode() + b"\n")  # 4
+        out.write(b" " * (MAX_ROW_BYTES + 1) + b"\n")  # 5: one byte past the line bound
+        out.write(json.dumps(chain_row()).encode() + b"\n")  # 6
+    done = ng_otel_cli("replay", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint})
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = " ".join(done.stdout.split())  # the terminal's line wrapping undone
+    assert "line 2: skipped: invalid UTF-8" in out
+    assert "line 3: skipped: not JSON" in out
+    assert f"line 4: skipped: invalid failure report: events.{HOSTILE_KEY}" in out  # literally, never markup
+    assert "line 5: skipped: longer than" in out
+    assert "replayed 6 rows: 2 with failures, 4 events exported, 0 failed to export, 4 skipped" in out
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+PEAK_RSS = """
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stderr=subprocess.DEVNULL)
+print("peak RSS MiB:", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+"""
+
+
+@pytest.mark.e2e
+def test_an_endless_line_is_skipped_with_its_number_in_flat_memory(tmp_path, installed, otlp):
+    small, endless = tmp_path / "small.jsonl", tmp_path / "endless.jsonl"
+    small.write_text(json.dumps(chain_row()) + "\n")
+    with endless.open("wb") as out:  # /dev/zero's shape: 512 MiB of NULs with no line end (sparse on disk)
+        out.write(json.dumps(chain_row()).encode() + b"\n")
+        out.truncate(out.tell() + 512 * 1024 * 1024)
+        out.seek(0, 2)
+        out.write(b"\n" + json.dumps(chain_row()).encode() + b"\n")
+    env = installed.env(**HTTP, OTEL_EXPORTER_OTLP_ENDPOINT=otlp.http_endpoint)
+
+    def replay(path):
+        done = subprocess.run(
+            [installed.bin("python"), "-c", PEAK_RSS, installed.bin("ng-otel"), "replay", str(path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=300,
+        )
+        out, _, peak = done.stdout.rpartition("peak RSS MiB: ")
+        return " ".join(out.split()), int(peak)
+
+    (_, baseline), (out, with_endless_line) = replay(small), replay(endless)
+    assert "line 2: skipped: longer than" in out
+    assert "replayed 3 rows: 2 with failures, 4 events exported, 0 failed to export, 1 skipped" in out
+    # At most the line bound more than a small file, never the line's 512 MiB.
+    assert with_endless_line - baseline < MAX_ROW_BYTES // (1024 * 1024) + 48, (baseline, with_endless_line)
+    assert len(otlp.failure_events()) == 2 + 4
