@@ -158,7 +158,8 @@ def read_json_lines(stream: IO[bytes], *, max_line_bytes: int = MAX_ROW_BYTES) -
     UTF-8, text that is not JSON (nesting too deep included) or a last line cut off mid-write
     each come back as a ``SkippedLine``."""
     number = 0
-    pending = b""  # the start of a line whose end is in a later chunk: at most max_line_bytes
+    parts: list[bytes] = []  # the start of a line whose end is in a later chunk, joined once at its end
+    held = 0  # bytes in parts: at most max_line_bytes
     overlong = False  # the current line went past the bound: drop it up to its end
     chunk_size = max(1, min(_CHUNK_BYTES, max_line_bytes))
     while True:
@@ -170,27 +171,27 @@ def read_json_lines(stream: IO[bytes], *, max_line_bytes: int = MAX_ROW_BYTES) -
         for index, raw in enumerate(lines):
             number += 1
             if index == 0:
-                if overlong or len(pending) + len(raw) > max_line_bytes:
-                    overlong, pending = False, b""
+                if overlong or held + len(raw) > max_line_bytes:
+                    overlong, parts, held = False, [], 0
                     yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
                     continue
-                raw, pending = pending + raw, b""
+                if parts:
+                    raw, parts, held = b"".join([*parts, raw]), [], 0
             elif len(raw) > max_line_bytes:
                 yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
                 continue
             decoded = _decoded(number, raw, ended=True)
             if decoded is not None:
                 yield number, decoded
-        if lines:
-            pending = b""
-        if overlong or len(pending) + len(tail) > max_line_bytes:
-            overlong, pending = True, b""
-        else:
-            pending += tail
+        if overlong or held + len(tail) > max_line_bytes:
+            overlong, parts, held = True, [], 0
+        elif tail:
+            parts.append(tail)
+            held += len(tail)
     if overlong:
         yield number + 1, SkippedLine(number + 1, f"longer than {max_line_bytes} bytes")
-    elif pending:
-        decoded = _decoded(number + 1, pending, ended=False)
+    elif parts:
+        decoded = _decoded(number + 1, b"".join(parts), ended=False)
         if decoded is not None:
             yield number + 1, decoded
 
