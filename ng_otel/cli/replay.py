@@ -16,11 +16,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExportResult
 from rich.console import Console
 
-from ng_otel.otel import names
 from ng_otel.otel.export import LossCountingSpanExporter
 
 REPLAY_FLUSH_SECONDS: Final = 30.0  # the final flush: what is not exported by then failed
@@ -28,60 +25,25 @@ EXIT_OK, EXIT_FAILED = 0, 1
 
 
 class ExportTally:
-    """What each span exporter ``enable()`` installed reported: the ``ng.failure`` events in
-    the batches it exported and in those it failed to export."""
+    """What the span exporters ``enable()`` built reported: the ``ng.failure`` events in the
+    batches they exported and in those they failed to export."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._exported: list[int] = []
-        self._failed: list[int] = []
-
-    def watch(self, exporter: LossCountingSpanExporter) -> None:
-        index = len(self._exported)
-        self._exported.append(0)
-        self._failed.append(0)
-        export = exporter.export
-
-        def counted(spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            result = export(spans)
-            events = sum(1 for span in spans for event in span.events if event.name == names.EVENT)
-            with self._lock:
-                if result is SpanExportResult.SUCCESS:
-                    self._exported[index] += events
-                else:
-                    self._failed[index] += events
-            return result
-
-        exporter.export = counted  # type: ignore[method-assign]
+    def __init__(self, exporters: Sequence[LossCountingSpanExporter]) -> None:
+        self._exporters = tuple(exporters)
 
     @property
     def watching(self) -> int:
-        return len(self._exported)
+        return len(self._exporters)
 
     @property
     def any_failed(self) -> bool:
-        with self._lock:
-            return any(self._failed)
+        return any(exporter.failed_events for exporter in self._exporters)
 
     def totals(self) -> tuple[int, int]:
         """(events every exporter exported, events some exporter reported failing)."""
-        with self._lock:
-            if not self._exported:
-                return 0, 0
-            return min(self._exported), max(self._failed)
-
-
-def watch_span_exporters(tally: ExportTally) -> None:
-    """Have ``tally`` see the results of the span exporters behind the global tracer provider.
-
-    The SDK offers no public way to list a provider's processors, so this reads its
-    ``_active_span_processor``; an SDK that moves it leaves ``tally`` watching nothing, which
-    reports every event as not exported (never the other way round)."""
-    processors = getattr(getattr(trace.get_tracer_provider(), "_active_span_processor", None), "_span_processors", ())
-    for processor in processors:
-        exporter = getattr(processor, "span_exporter", None)
-        if isinstance(exporter, LossCountingSpanExporter):
-            tally.watch(exporter)
+        if not self._exporters:
+            return 0, 0
+        return min(e.exported_events for e in self._exporters), max(e.failed_events for e in self._exporters)
 
 
 def replay_file(path: Path, console: Console, *, count: bool = False, flush_seconds: float | None = None) -> int:
@@ -90,15 +52,14 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
     from ng_otel.cli.show import printable, scan_file
     from ng_otel.contract.rows import SkippedLine
     from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row
-    from ng_otel.otel.providers import enable, shutdown
+    from ng_otel.otel.providers import enable, shutdown, span_exporters
 
     flush_seconds = REPLAY_FLUSH_SECONDS if flush_seconds is None else flush_seconds
     path.stat()  # a missing file is a usage error before anything is set up
     if enable("ng-otel-replay") is None:
         console.print("[red]ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)[/red]")
         return EXIT_FAILED
-    tally = ExportTally()
-    watch_span_exporters(tally)
+    tally = ExportTally(span_exporters())
     summary = ReplaySummary()
     pace = _Pace(tally)
     try:

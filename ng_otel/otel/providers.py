@@ -41,6 +41,7 @@ SDK_SELF_METRICS = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
 _lock = threading.Lock()
 _installed: FailureRecorder | None = None
 _owned: list[Any] = []  # providers enable() created, flushed and shut down by shutdown()
+_span_exporters: list[LossCountingSpanExporter] = []  # what those providers' span exporters reported
 
 # NeMo Gym 0.7.0 (nemo_gym/telemetry/setup.py, is_telemetry_env_enabled): the first of these
 # that is set decides, and its telemetry needs nemo-lens to run at all.
@@ -267,6 +268,7 @@ def _tracer_provider(resource: Any, meter_provider: MeterProvider) -> TracerProv
             # otel.sdk.processor.span.processed{error.type="queue_full"}.
             processor = BatchSpanProcessor(exporter, meter_provider=meter_provider)
         provider.add_span_processor(processor)
+        _span_exporters.append(exporter)
     return provider
 
 
@@ -371,6 +373,12 @@ def _flush_on_sigterm() -> None:
         signal.raise_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, flush_then_terminate)
+
+
+def span_exporters() -> tuple[LossCountingSpanExporter, ...]:
+    """The span exporters ``enable()`` built, each with the ``ng.failure`` events it reported
+    exported and failed (none when the application's providers were reused)."""
+    return tuple(_span_exporters)
 
 
 @guarded
