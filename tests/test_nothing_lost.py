@@ -2,6 +2,12 @@
 
 import asyncio
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from fastapi import FastAPI
@@ -244,3 +250,49 @@ def test_handled_failures_outside_any_request_stay_bounded_and_keep_the_decisive
 
         contextvars.copy_context().run(run)
     assert telemetry.count() == MAX_HANDLED_KEPT * 4 + 1  # every one recorded when handled
+
+
+SLOW_FLUSH = textwrap.dedent(
+    """
+    import signal
+    import ng_otel
+    from opentelemetry import trace
+
+    ng_otel.enable("svc")
+    with trace.get_tracer("app").start_as_current_span("POST /run"):
+        ng_otel.record_failure(ng_otel.NgFailureEvent("shutdown", "draining", boundary="agent"))
+    print("ready", flush=True)
+    signal.pause()
+    """
+)
+
+
+def test_a_second_sigterm_during_a_slow_flush_ends_the_process_at_once(tmp_path):
+    # A collector that accepts the connection and never answers: the first SIGTERM's flush
+    # waits out the exporter's 60 s timeout; the operator's second SIGTERM must not.
+    collector = socket.socket()
+    collector.bind(("127.0.0.1", 0))
+    collector.listen(8)
+    collector.settimeout(30)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
+    env |= {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.getsockname()[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_FLUSH], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        connection, _ = collector.accept()  # the flush is under way: the exporter is connected
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=10) == -signal.SIGTERM
+        connection.close()
+    finally:
+        child.kill()
+        child.wait()
+        collector.close()
