@@ -806,7 +806,8 @@ class TestCollection:
                 OTEL_LOGS_EXPORTER="none",
             )
             summary = (
-                f"replayed {len(rows)} rows: {len(failing)} with failures, {len(failing)} events exported, 0 skipped"
+                f"replayed {len(rows)} rows: {len(failing)} with failures, {len(failing)} events exported, "
+                "0 failed to export, 0 skipped"
             )
             assert summary in out, out
             # The replay has exited, so every export it made has been answered, and stored first.
