@@ -1,9 +1,9 @@
-"""The benchmark's server: the same FastAPI app, with or without ng_otel (argv[2]), or with
-the least any implementation of the contract must do for a failing reply, written by hand."""
+"""The latency benchmark's server: the same FastAPI app (its own handler answers a Gym failure
+with a JSON 500), plain, with ng_otel, with ng_otel switched off, or with the least any
+implementation of the contract must add to a failing reply, written by hand (argv[2])."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import sys
 
@@ -19,11 +19,16 @@ from opentelemetry.trace import StatusCode
 from ng_otel import NgFailureEvent
 
 
+def plain_reply(error: NgFailureEvent) -> JSONResponse:
+    """How the app answers a Gym failure, in every variant."""
+    return JSONResponse({"failure": error.to_record()}, status_code=error.http_status or 500)
+
+
 def minimum_handler() -> object:
-    """What every failing reply costs at least: the chain's records, one span event each with
-    the contract's attributes, the span's error, a count per event, both reply headers and the
-    JSON body. No index, no log, no guard, no classification rules: a floor, not an
-    alternative."""
+    """The app's own answer plus the least the contract adds to a failing reply: the chain's
+    records, one span event each with the contract's attributes, the span's error, a count
+    per event, and both reply headers. No index, no log, no guard, no classification rules:
+    a floor, not an alternative."""
     import orjson
 
     from ng_otel.contract import failure_report_for
@@ -56,39 +61,36 @@ def minimum_handler() -> object:
         failure = report.events[report.failure_id]
         span.set_attribute("error.type", failure["failure_kind"])
         span.set_status(StatusCode.ERROR, failure["failure_kind"])
-        headers = {
-            "X-NG-Failure-Report": report.to_header(),
-            "X-NG-Failure-Context": orjson.dumps(dict.fromkeys(report.events, where)).decode(),
-        }
-        body = orjson.dumps({"failure": failure})
-        status = failure.get("http_status") or 500
-        return Response(body, status_code=status, headers=headers, media_type="application/json")
+        response = plain_reply(error)
+        response.headers["X-NG-Failure-Report"] = report.to_header()
+        response.headers["X-NG-Failure-Context"] = orjson.dumps(dict.fromkeys(report.events, where)).decode()
+        return response
 
     return answer
 
 
-def build(with_ng_otel: bool, exporting: bool = False, minimum: bool = False) -> FastAPI:
-    """``exporting``: let ng_otel.enable() install providers with the OTEL_* exporters."""
-    if not exporting:
+def build(variant: str) -> FastAPI:
+    """``plain``; ``ng_otel`` (``enable()`` then ``instrument_app``; ``off`` is the same with
+    ``NG_OTEL_ENABLED=0`` in the environment, ``exporting`` lets ``enable()`` install the
+    providers with the OTEL_* exporters); ``minimum``: plain with the hand-written floor."""
+    if variant != "exporting":
         trace.set_tracer_provider(TracerProvider())
         metrics.set_meter_provider(MeterProvider())
     app = FastAPI()
-    if with_ng_otel:  # enabled first, as a server would: instrumentations come after it
+    if variant in ("ng_otel", "off", "exporting"):  # enabled first, as a server would
         import ng_otel
-        from ng_otel.integrations.asgi import FailureReportMiddleware
+        from ng_otel.integrations import instrument_app
 
         ng_otel.enable("bench")
-        FastAPIInstrumentor.instrument_app(app)
-        app.add_middleware(FailureReportMiddleware)
-    elif minimum:
-        FastAPIInstrumentor.instrument_app(app)
+        instrument_app(app)
+    FastAPIInstrumentor.instrument_app(app)
+    if variant == "minimum":
         app.add_exception_handler(NgFailureEvent, minimum_handler())  # type: ignore[arg-type]
     else:
-        FastAPIInstrumentor.instrument_app(app)
 
         @app.exception_handler(NgFailureEvent)
-        async def plain_500(request: Request, error: NgFailureEvent) -> JSONResponse:
-            return JSONResponse({"failure": error.to_record()}, status_code=error.http_status or 500)
+        async def failure_reply(request: Request, error: NgFailureEvent) -> JSONResponse:
+            return plain_reply(error)
 
     @app.get("/ok")
     async def ok() -> dict[str, bool]:
@@ -96,21 +98,23 @@ def build(with_ng_otel: bool, exporting: bool = False, minimum: bool = False) ->
 
     @app.get("/chain")
     async def chain() -> None:
-        model = NgFailureEvent("transport_timeout", "model timed out", boundary="model", http_status=504)
-        harness = NgFailureEvent("agent_run_error", "harness gave up", boundary="harness", stage="agent")
-        harness.__cause__ = model
-        agent = NgFailureEvent("agent_run_error", "rollout failed", boundary="agent", http_status=500)
-        agent.__cause__ = harness
-        raise agent
+        try:
+            try:
+                raise NgFailureEvent("transport_timeout", "model timed out", boundary="model", http_status=504)
+            except NgFailureEvent as model:
+                raise NgFailureEvent("agent_run_error", "harness gave up", boundary="harness", stage="agent") from model
+        except NgFailureEvent as harness:
+            raise NgFailureEvent("agent_run_error", "rollout failed", boundary="agent", http_status=500) from harness
 
     return app
 
 
 if __name__ == "__main__":
     sock = socket.socket(fileno=int(sys.argv[1]))
-    variant = sys.argv[2]
-    app = build(variant in ("ng_otel", "exporting"), exporting=variant == "exporting", minimum=variant == "minimum")
+    app = build(sys.argv[2])
+    # uvicorn --loop uvloop --http httptools, as NeMo Gym serves (the bench extra installs both)
+    config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level="error", access_log=False)
     try:
-        asyncio.run(uvicorn.Server(uvicorn.Config(app, log_level="error", access_log=False)).serve(sockets=[sock]))
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # SIGINT is how the parent stops us; atexit then flushes telemetry
         pass

@@ -27,7 +27,7 @@ def report(title: str, ours: float, baseline: float, target: float, unit: str = 
     scale = 1e6 if unit == "us" else 1e9
     verdict = "ok" if ratio <= target else "OVER TARGET"
     print(
-        f"{title}: {ours * scale:.2f} {unit} vs {baseline * scale:.2f} {unit} -> ratio {ratio:.2f}x "
+        f"{title}: {ours * scale:.2f} {unit} vs {baseline * scale:.2f} {unit} -> ratio {ratio:.3f}x "
         f"(target <= {target:.2f}x) {verdict}"
     )
     return ratio <= target
