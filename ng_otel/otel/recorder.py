@@ -283,8 +283,12 @@ def _room(span: Span) -> tuple[float, float]:
     limits = getattr(span, "_limits", None)
     if limits is None:
         return math.inf, math.inf
-    events = math.inf if limits.max_events is None else limits.max_events - len(span.events)  # type: ignore[attr-defined]
-    links = math.inf if limits.max_links is None else limits.max_links - len(span.links)  # type: ignore[attr-defined]
+    # The SDK's own bounded lists: its ``events``/``links`` properties copy them on every read,
+    # which would make recording onto a busy span quadratic.
+    held_events = getattr(span, "_events", ())
+    held_links = getattr(span, "_links", ())
+    events = math.inf if limits.max_events is None else limits.max_events - len(held_events)
+    links = math.inf if limits.max_links is None else limits.max_links - len(held_links)
     return events, links
 
 
