@@ -74,7 +74,6 @@ class FailureReportMiddleware:
             return
         log, token = open_failure_log()
         scope[_LOG_SCOPE_KEY] = log  # for the app's error handler, which answers outside this layer
-        server_span = trace.get_current_span()
         reply = _Reply(send, log, verify=scope.get("path") in self.verify_paths)
         try:
             await self.app(scope, receive, reply.send)
@@ -83,7 +82,7 @@ class FailureReportMiddleware:
             if answer is None:
                 raise
             status, body, report = answer
-            record_failure(report, span=server_span)
+            record_failure(report, span=trace.get_current_span())  # the server span: this task's context
             if not self.answer_failures:
                 raise  # the app's own error handler answers, with the report on its reply
             if not reply.started:
