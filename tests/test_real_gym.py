@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ng_otel.cli.receiver import OtlpReceiver
+from ng_otel.cli.receiver import OtlpReceiver, attributes
 from ng_otel.contract import FailureReport
 from tests.conftest import unused_port, wait_until
 
@@ -226,19 +226,6 @@ def verify_request(task: str) -> dict[str, Any]:
 
 
 # -- what the receiver got ---------------------------------------------------------------------
-
-
-def any_value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    if kind == "array_value":
-        return tuple(any_value(item) for item in value.array_value.values)
-    if kind == "kvlist_value":
-        return {item.key: any_value(item.value) for item in value.kvlist_value.values}
-    return getattr(value, kind) if kind else None
-
-
-def attributes(items: Any) -> dict[str, Any]:
-    return {item.key: any_value(item.value) for item in items}
 
 
 def spans_in_trace(otlp: OtlpReceiver, trace_id: str) -> list[dict[str, Any]]:
