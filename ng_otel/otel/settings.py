@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from ng_otel.otel import names
+
 SIGNALS: Final = frozenset({"spans", "logs"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -94,8 +96,8 @@ PARAMS: Final = (
         parse_signals,
         frozenset({"spans"}),
         "spans",
-        "where each failure goes: `spans` (an `ng.failure` span event), `logs` (an OTel log record with "
-        '`event_name="ng.failure"` in the span\'s context, instead of the span event) or `spans,logs` (both); '
+        f"where each failure goes: `spans` (an `{names.EVENT}` span event), `logs` (an OTel log record with "
+        f'`event_name="{names.EVENT}"` in the span\'s context, instead of the span event) or `spans,logs` (both); '
         "links and counts are the same in every mode",
     ),
     Param(
