@@ -106,7 +106,10 @@ def _class_report(row: Mapping[str, Any]) -> FailureReport:
         if "http_status" in record:
             foreign["http_status"] = record["http_status"]
         record["foreign_error"] = foreign
-    return FailureReport.from_dict({"events": {record["event_id"]: record}, "failure_id": record["event_id"]})
+    # Valid by construction: a well-formed kind, a fixed boundary, bounded text, a stage and a
+    # status checked above, a 32-hex id. Only the warning for an unregistered kind remains.
+    validate_failure_kind(kind)
+    return FailureReport._trusted({record["event_id"]: record}, record["event_id"])
 
 
 def _reason(row: Mapping[str, Any], judged: bool) -> str:
@@ -321,26 +324,39 @@ def _canonical_saved_report(row: Mapping[str, Any]) -> FailureReport | None:
     if type(events) is not dict or len(events) > MAX_REPORT_EVENTS or type(omitted) is not bool:
         return None
     caused = False
+    unregistered: list[str] = []
+    id_matches = _ID.fullmatch
     for event_id, record in events.items():
+        if type(record) is not dict:
+            return None
+        keys = record.keys()
+        get = record.get
+        reason = get("failure_reason")
         if (
-            type(record) is not dict
-            or not record.keys() <= _CAUSED_KEYS
-            or record.get("event_id") != event_id
-            or _ID.fullmatch(event_id) is None
-            or record.get("boundary") not in _BOUNDARIES
-            or type(reason := record.get("failure_reason")) is not str
+            not keys <= _CAUSED_KEYS
+            or get("event_id") != event_id
+            or id_matches(event_id) is None
+            or get("boundary") not in _BOUNDARIES
+            or type(reason) is not str
             or len(reason) > MAX_REASON_CHARS
-            or (record.get("failure_kind") not in FAILURE_KINDS and not _canonical_kind(record.get("failure_kind")))
         ):
             return None
-        if not record.keys() <= _RECORD_KEYS:
-            caused = True
-            cause = record.get("cause_id", event_id)
-            if cause not in events or ("foreign_error" in record and not _canonical_foreign(record["foreign_error"])):
+        kind: Any = get("failure_kind")
+        if kind not in FAILURE_KINDS:
+            if not _canonical_kind(kind):
                 return None
-        if "stage" in record and record["stage"] not in _STAGES:
+            unregistered.append(kind)
+        if len(keys) == _REQUIRED_KEYS:
+            continue  # the four every record has, checked above: nothing optional to check
+        if not keys <= _RECORD_KEYS:
+            caused = True
+            if get("cause_id", event_id) not in events:
+                return None
+            if "foreign_error" in keys and not _canonical_foreign(record["foreign_error"]):
+                return None
+        if "stage" in keys and record["stage"] not in _STAGES:
             return None
-        if "http_status" in record and not _canonical_status(record["http_status"]):
+        if "http_status" in keys and not _canonical_status(record["http_status"]):
             return None
     if failure_id is not None and (type(failure_id) is not str or failure_id not in events):
         return None
@@ -349,10 +365,12 @@ def _canonical_saved_report(row: Mapping[str, Any]) -> FailureReport | None:
             check_acyclic(events)
         except ValueError:
             return None
-    for record in events.values():
-        if record["failure_kind"] not in FAILURE_KINDS:
-            validate_failure_kind(record["failure_kind"])  # warns once for an unregistered kind, as row_report does
-    return FailureReport._trusted(events if events else {}, failure_id, omitted)
+    for kind in unregistered:
+        validate_failure_kind(kind)  # warns once for an unregistered kind, as row_report does
+    return FailureReport._trusted(events, failure_id, omitted)
+
+
+_REQUIRED_KEYS: Final = 4  # event_id, boundary, failure_kind, failure_reason
 
 
 _NO_EVENTS: Final[dict[str, Any]] = {}
