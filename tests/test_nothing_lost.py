@@ -296,3 +296,31 @@ def test_a_second_sigterm_during_a_slow_flush_ends_the_process_at_once(tmp_path)
         child.kill()
         child.wait()
         collector.close()
+
+
+class MeasuredChunk(bytes):
+    """A body chunk that counts how often its length is taken."""
+
+    lengths_taken = 0
+
+    def __len__(self):
+        MeasuredChunk.lengths_taken += 1
+        return super().__len__()
+
+
+def test_holding_a_verify_reply_takes_each_chunks_length_once_not_once_per_later_chunk():
+    from ng_otel.integrations.asgi import FailureReportMiddleware
+
+    chunks = [MeasuredChunk(b" ") for _ in range(2_000)]
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        for chunk in chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b'{"reward": 1.0}', "more_body": False})
+
+    MeasuredChunk.lengths_taken = 0
+    with capture_failures():
+        status, _, body = asyncio.run(call(FailureReportMiddleware(app), "/verify"))
+    assert status == 200 and body.strip() == b'{"reward": 1.0}'
+    assert MeasuredChunk.lengths_taken <= 2 * len(chunks)  # a sum over all held chunks per chunk: ~2,000,000
