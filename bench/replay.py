@@ -21,8 +21,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from ng_otel.cli.show import read_lines
 from ng_otel.contract import NgFailureEvent, failure_report_for
+from ng_otel.contract.rows import read_json_lines
 from ng_otel.gym.collection import ReplaySummary, replay_row, report_row
 from ng_otel.otel import names
 from ng_otel.otel.recorder import FailureRecorder, install_recorder
@@ -60,8 +60,8 @@ def main(count: int = 100_000) -> bool:
         summary = ReplaySummary()
         ours = bare = 0.0
         rss_early = 0.0
-        with path.open() as ours_stream, path.open() as bare_stream:
-            ours_lines, bare_lines = read_lines(ours_stream), read_lines(bare_stream)
+        with path.open("rb") as ours_stream, path.open("rb") as bare_stream:
+            ours_lines, bare_lines = read_json_lines(ours_stream), read_json_lines(bare_stream)
             for done in range(0, count, CHUNK):  # alternate chunks: noise hits both the same
                 start = time.perf_counter()
                 for _ in range(min(CHUNK, count - done)):

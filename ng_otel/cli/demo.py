@@ -37,7 +37,8 @@ def run_demo(out: Path, console: Console) -> int:
         return 2
     from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
     from ng_otel.cli.receiver import OtlpReceiver
-    from ng_otel.cli.show import groups_from_rows, read_lines, show
+    from ng_otel.cli.show import groups_from_rows, show_groups
+    from ng_otel.contract.rows import read_json_lines
 
     started = time.monotonic()
     out = out.resolve()
@@ -69,8 +70,8 @@ def run_demo(out: Path, console: Console) -> int:
             receiver.stop()
 
     console.rule("failure chains, one tree per rollout (effect first, each child its cause)")
-    with rows_path.open(encoding="utf-8") as stream:
-        show(groups_from_rows(read_lines(stream)), console)
+    with rows_path.open("rb") as stream:
+        show_groups(groups_from_rows(read_json_lines(stream)), console)
     console.rule("saved rollout rows")
     console.print(_rows_table(rows_path))
     console.print(f"rows: {rows_path}    telemetry: {where}" + (f" ({lines} OTLP JSON lines)" if receiver else ""))

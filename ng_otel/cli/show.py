@@ -6,7 +6,7 @@ Rows stream: one tree per row, memory flat on any file. OTLP JSON lines are grou
 
 from __future__ import annotations
 
-import json
+import itertools
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -60,26 +60,7 @@ class FailureGroup:
         return sorted(tops, key=lambda event_id: (event_id != self.failure_id, event_id in self.recovered))
 
 
-@dataclass
-class BadLine:
-    line: int
-    message: str
-
-
 # -- reading ---------------------------------------------------------------------------------
-
-
-def read_lines(stream: Iterable[str]) -> Iterator[tuple[int, Any]]:
-    """(line number, decoded JSON or BadLine) for each non-blank line of text lines."""
-    for number, text in enumerate(stream, start=1):
-        if not text.strip():
-            continue
-        try:
-            yield number, json.loads(text)
-        except json.JSONDecodeError as error:
-            yield number, BadLine(number, f"not JSON: {error.msg} at column {error.colno}")
-        except RecursionError:
-            yield number, BadLine(number, "not JSON: nested too deeply")
 
 
 def scan_file(path: Path, console: Console | None, description: str) -> Iterator[tuple[int, Any]]:
@@ -146,18 +127,15 @@ def is_otlp(first: Any) -> bool:
 # -- rows ------------------------------------------------------------------------------------
 
 
-def groups_from_rows(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | BadLine]:
+def groups_from_rows(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | SkippedLine]:
     for number, row in lines:
-        if isinstance(row, BadLine):
-            yield row
-            continue
         if isinstance(row, SkippedLine):
-            yield BadLine(row.line, row.reason)
+            yield row
             continue
         try:
             report = read_row(row)
         except ValueError as error:
-            yield BadLine(number, str(error))
+            yield SkippedLine(number, str(error))
             continue
         if report is None or (not report.events and not report.omitted):
             continue
@@ -263,25 +241,22 @@ def _attributes(items: Any) -> dict[str, Any]:
     return values
 
 
-def groups_from_otlp(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | BadLine]:
+def groups_from_otlp(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | SkippedLine]:
     """One group per trace, from the ``ng.failure`` events of OTLP JSON lines; traces that a
     cause link joins (a cause recorded in another trace) are one group, so one tree."""
     traces: dict[str, FailureGroup] = {}
     where: dict[str, str] = {}  # event id -> trace id
     seen: set[str] = set()
     for number, data in lines:
-        if isinstance(data, BadLine):
+        if isinstance(data, SkippedLine):
             yield data
             continue
-        if isinstance(data, SkippedLine):
-            yield BadLine(data.line, data.reason)
-            continue
         if not isinstance(data, dict):
-            yield BadLine(number, "not OTLP JSON: a line is a JSON object")
+            yield SkippedLine(number, "not OTLP JSON: a line is a JSON object")
             continue
         for trace_id, attributes, _ in otlp_failure_events(data, seen):
             if attributes is None:
-                yield BadLine(number, "an ng.failure event without its id, kind or boundary")
+                yield SkippedLine(number, "an ng.failure event without its id, kind or boundary")
                 continue
             record = _record_of(attributes)
             event_id = record["event_id"]
@@ -457,24 +432,12 @@ class TreeWriter:
 class ShowResult:
     shown: int = 0
     more: bool = False  # stopped at --limit with more left unread
-    bad: list[BadLine] = field(default_factory=list)  # the first MAX_LISTED_BAD
+    bad: list[SkippedLine] = field(default_factory=list)  # the first MAX_LISTED_BAD
     bad_count: int = 0
 
 
-def show(
-    groups: Iterable[FailureGroup | BadLine],
-    console: Console,
-    *,
-    kind: str | None = None,
-    boundary: str | None = None,
-) -> tuple[int, list[BadLine]]:
-    """Print each matching group as a tree; returns (groups shown, the first bad lines)."""
-    result = show_groups(groups, console, kind=kind, boundary=boundary)
-    return result.shown, result.bad
-
-
 def show_groups(
-    groups: Iterable[FailureGroup | BadLine],
+    groups: Iterable[FailureGroup | SkippedLine],
     console: Console,
     *,
     kind: str | None = None,
@@ -486,7 +449,7 @@ def show_groups(
     writer = TreeWriter(console, full_ids=full_ids)
     try:
         for group in groups:
-            if isinstance(group, BadLine):
+            if isinstance(group, SkippedLine):
                 result.bad_count += 1
                 if len(result.bad) < MAX_LISTED_BAD:
                     result.bad.append(group)
@@ -518,35 +481,27 @@ def show_paths(
         if first is None:
             console.print(f"[dim]{escape(str(path))}: no rows[/dim]")
             continue
-        everything = _chain_first(first, lines)
+        everything = itertools.chain([first], lines)
         groups = groups_from_otlp(everything) if is_otlp(first[1]) else groups_from_rows(everything)
         result = show_groups(groups, console, kind=kind, boundary=boundary, limit=limit, full_ids=full_ids)
         more = f" (the first {limit}: --limit)" if result.more else ""
         console.print(f"{result.shown} failure chain group(s) shown from {escape(str(path))}{more}")
         for item in result.bad:
-            console.print(f"[red]line {item.line}: skipped: {printable(item.message, 200)}[/red]")
+            console.print(f"[red]line {item.line}: skipped: {printable(item.reason, 200)}[/red]")
         if result.bad_count > len(result.bad):
             console.print(f"[red]... and {result.bad_count - len(result.bad)} more skipped line(s)[/red]")
     return 0
 
 
-def _chain_first(first: tuple[int, Any], rest: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
-    yield first
-    yield from rest
-
-
 __all__ = [
-    "BadLine",
     "FailureGroup",
     "clean",
     "groups_from_otlp",
     "groups_from_rows",
     "is_otlp",
     "printable",
-    "read_lines",
     "render",
     "scan_file",
-    "show",
     "show_paths",
     "tree_lines",
 ]

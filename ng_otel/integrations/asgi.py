@@ -73,7 +73,8 @@ class FailureReportMiddleware:
             await self.app(scope, receive, send)
             return
         log, token = open_failure_log()
-        scope[_LOG_SCOPE_KEY] = log  # for the app's error handler, which answers outside this layer
+        if not self.answer_failures:
+            scope[_LOG_SCOPE_KEY] = log  # for the app's error handler, which answers outside this layer
         reply = _Reply(send, log, verify=scope.get("path") in self.verify_paths)
         try:
             await self.app(scope, receive, reply.send)
@@ -265,7 +266,7 @@ def install_raise_recorder(app: Any) -> bool:
 def _wrap_handlers(handlers: dict[Any, Any], error_handler: Any = None) -> None:
     for key, handler in list(handlers.items()):
         if not getattr(handler, "_ng_otel_wrapped", False):
-            handlers[key] = _recording(handler, report=key == error_handler and error_handler is not None)
+            handlers[key] = _recording(handler, report=error_handler is not None and key == error_handler)
 
 
 def _recording(handler: Callable[..., Any], *, report: bool = False) -> Callable[..., Any]:
