@@ -7,11 +7,14 @@ and ``nemo_gym/judge.py``); ``tests/test_real_gym.py`` reads rows Gym itself wro
 
 import json
 
+import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ng_otel import NgFailureEvent
 from ng_otel.contract.report import failure_report_for
-from ng_otel.contract.rows import NO_REASON, row_report, row_terminal
+from ng_otel.contract.rows import NO_REASON, _sorted_json, class_row_failure, row_report, row_terminal
 from ng_otel.gym.collection import report_row
 
 AGENT_REQUEST_FAILED = {
@@ -108,6 +111,30 @@ def test_the_event_id_names_the_same_row_the_same_way_every_time():
     other = only_event({**AGENT_REQUEST_FAILED, "_ng_task_index": 9})
     assert first["event_id"] == again["event_id"] != other["event_id"]
     assert len(first["event_id"]) == 32
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    # one key type a mapping: json.dumps cannot sort str and int keys together (ours can)
+    lambda children: (
+        st.lists(children) | st.dictionaries(st.text(), children) | st.dictionaries(st.integers(), children)
+    ),
+)
+
+
+@given(_JSON_VALUES)
+def test_the_ids_fallback_text_is_what_json_dumps_writes(value):
+    # The fallback for what orjson cannot write (integers past 64 bits, nesting past 255
+    # levels) names a row exactly as the standard library would, only without recursion.
+    assert _sorted_json(value) == json.dumps(value, sort_keys=True, default=repr)
+
+
+def test_a_row_nested_deeper_than_json_dumps_can_follow_is_still_one_failure():
+    line = b'{"_ng_failure_class": "agent_run_error", "deep": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    row = orjson.loads(line)  # orjson reads 1,024 levels; orjson.dumps writes 255, json.dumps ~300
+    assert only_event(row)["event_id"] == only_event(orjson.loads(line))["event_id"]
+    assert only_event({**row, "big": 2**70})["event_id"] != only_event(row)["event_id"]
+    assert class_row_failure(row) == ("agent_run_error", "collection", None, None, False)
 
 
 def test_unregistered_classes_are_kept_and_a_class_that_is_no_kind_is_a_clear_error():

@@ -146,6 +146,7 @@ def test_hostile_lines_are_skipped_and_echoed_literally_by_show_summary_and_kind
                 orjson.dumps(bad_key),
                 b'{"output": "\xff\xfe"}',  # invalid UTF-8
                 b"[" * 200_000,  # nested past any depth
+                # A failure row all the same: its derived id is written without recursion.
                 b'{"_ng_failure_class": "agent_run_error", "deep": ' + b"[" * 1000 + b"]" * 1000 + b"}",
                 orjson.dumps(good),
                 b"x" * (33 * 1024 * 1024),  # past the line bound: never read whole
@@ -161,10 +162,11 @@ def test_hostile_lines_are_skipped_and_echoed_literally_by_show_summary_and_kind
         if args != ["kinds", "--check"]:
             assert HOSTILE in done.stdout, args  # printed as text, never as markup
             assert "line 2: skipped: invalid UTF-8" in done.stdout or ":2: skipped: invalid UTF-8" in done.stdout
-            assert "longer than 33554432 bytes" in done.stdout and "nested too deeply" in done.stdout
+            assert "longer than 33554432 bytes" in done.stdout and "depth limit exceeded" in done.stdout
+            assert "agent_run_error" in done.stdout, args  # the deep row's failure, in every view
     got = summary_json(ng_otel_cli, path)
-    assert (got["rows"], got["skipped"], got["events"], got["masked"]) == (2, 5, 2, 1)
-    assert got["by_kind"] == {"browser_crashed": 1, "judge_failed": 1}
+    assert (got["rows"], got["skipped"], got["events"], got["masked"]) == (3, 4, 3, 1)
+    assert got["by_kind"] == {"agent_run_error": 1, "browser_crashed": 1, "judge_failed": 1}
 
 
 # -- OTLP JSON lines from real exporters ---------------------------------------------------
@@ -240,17 +242,20 @@ def test_show_draws_a_chain_that_crosses_traces_as_one_tree(tmp_path, otlp, ng_o
 # -- the fast reading of canonical saved reports -------------------------------------------
 
 _IDS = st.sampled_from(["e1", "e2", "e3", "bad id", "", "x" * 129, "e1\n"])
+_UNHASHABLE = st.sampled_from([[1], {"a": 1}])  # a hostile row's value: a TypeError in a set lookup
 _RECORDS = st.fixed_dictionaries(
     {
         "event_id": _IDS,
-        "boundary": st.sampled_from(["model", "agent", "nowhere", 3]),
-        "failure_kind": st.sampled_from(["transport_timeout", "swe:patch_failed", "made_up", "Bad", "x" * 200, None]),
+        "boundary": st.one_of(st.sampled_from(["model", "agent", "nowhere", 3]), _UNHASHABLE),
+        "failure_kind": st.one_of(
+            st.sampled_from(["transport_timeout", "swe:patch_failed", "made_up", "Bad", "x" * 200, None]), _UNHASHABLE
+        ),
         "failure_reason": st.one_of(st.text(max_size=5), st.just("r" * 2001), st.integers()),
     },
     optional={
-        "stage": st.sampled_from(["agent", "seed", "nope", None]),
+        "stage": st.one_of(st.sampled_from(["agent", "seed", "nope", None]), _UNHASHABLE),
         "http_status": st.sampled_from([504, 99, 600, True, "500", 200]),
-        "cause_id": _IDS,
+        "cause_id": st.one_of(_IDS, _UNHASHABLE),
         "operation": st.sampled_from(["verify", "bad op"]),
         "foreign_error": st.one_of(
             st.fixed_dictionaries(
@@ -266,7 +271,7 @@ _RECORDS = st.fixed_dictionaries(
 
 @given(
     st.lists(_RECORDS, max_size=3),
-    st.sampled_from([None, "e1", "e2", "zz", 5]),
+    st.one_of(st.sampled_from([None, "e1", "e2", "zz", 5]), _UNHASHABLE),
     st.sampled_from([False, True, "yes", None]),
 )
 def test_fast_reading_of_a_saved_report_agrees_with_row_report(records, failure_id, omitted):
@@ -293,3 +298,26 @@ def test_rows_as_collection_writes_them_take_the_fast_reading():
         row = make(7)
         fast = _canonical_saved_report(row)
         assert fast is not None and fast == row_report(row)
+
+
+# -- the progress bar -------------------------------------------------------------------------
+
+
+def test_a_long_read_shows_a_progress_bar_on_a_terminal_and_nothing_on_a_pipe(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from ng_otel.cli import show
+    from ng_otel.cli.summary import summarise
+
+    path = tmp_path / "rows.jsonl"
+    expected = mixed_rows.write_mixed_rows(path, 3_000)  # ~3 MiB: the bar moves on each MiB read
+    monkeypatch.setattr(show, "PROGRESS_AFTER", 0.0)  # the time itself is under test: "over a second" is now
+    terminal, pipe = io.StringIO(), io.StringIO()
+    assert summarise([path], Console(file=terminal, force_terminal=True, width=100)).to_json() == expected
+    assert summarise([path], Console(file=pipe, force_terminal=False, width=100)).to_json() == expected
+    assert "summarising rows.jsonl" in terminal.getvalue() and "%" in terminal.getvalue()
+    assert pipe.getvalue() == ""
+    monkeypatch.setattr(show, "PROGRESS_AFTER", 3600.0)  # a read shorter than the wait: no bar
+    quick = io.StringIO()
+    summarise([path], Console(file=quick, force_terminal=True, width=100))
+    assert quick.getvalue() == ""

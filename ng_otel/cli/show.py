@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
 from rich.console import Console
 from rich.markup import escape
@@ -33,7 +33,6 @@ MAX_SHOWN_REASON: Final = 160  # a tree line is for a glance; the full reason is
 SHORT_ID: Final = 12
 MAX_LISTED_BAD: Final = 50  # skipped lines listed at the end; the rest are counted
 PROGRESS_AFTER: Final = 1.0  # seconds: a read shorter than this shows no progress bar
-_PROGRESS_EVERY: Final = 1000  # lines between progress checks
 
 
 @dataclass
@@ -72,27 +71,36 @@ def scan_file(path: Path, console: Console | None, description: str) -> Iterator
             size = path.stat().st_size
         except OSError:
             size = 0
-        progress = _LazyProgress(console, f"{description} {escape(path.name)}", size or None)
+        progress = _LazyProgress(console, f"{description} {escape(path.name)}", size or None, stream)
         try:
-            for count, item in enumerate(read_json_lines(stream), start=1):
-                if count % _PROGRESS_EVERY == 0:
-                    progress.tick(stream)
-                yield item
+            # The bar moves as chunks are read, so a line costs nothing more than its reading.
+            yield from read_json_lines(progress if progress.shown_on_terminal else stream)
         finally:
             progress.close()
 
 
 class _LazyProgress:
-    """A transient progress bar that appears only on a terminal and only after a second."""
+    """A transient progress bar that appears only on a terminal and only after a second: a
+    binary stream whose every read moves it."""
 
-    def __init__(self, console: Console | None, description: str, total: int | None) -> None:
+    def __init__(self, console: Console | None, description: str, total: int | None, stream: IO[bytes]) -> None:
         self._console = console if console is not None and console.is_terminal else None
         self._description, self._total = description, total
+        self._stream = stream
         self._show_at = time.monotonic() + PROGRESS_AFTER
         self._progress: Progress | None = None
         self._task: TaskID | None = None
 
-    def tick(self, stream: Any) -> None:
+    @property
+    def shown_on_terminal(self) -> bool:
+        return self._console is not None
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._stream.read(size)
+        self._tick()
+        return chunk
+
+    def _tick(self) -> None:
         if self._console is None:
             return
         if self._progress is None:
@@ -109,7 +117,7 @@ class _LazyProgress:
             self._progress.start()
             self._task = self._progress.add_task(self._description, total=self._total)
         try:
-            position = stream.tell()
+            position = self._stream.tell()
         except OSError:  # a pipe
             return
         assert self._task is not None

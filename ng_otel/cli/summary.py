@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ng_otel.cli.show import clean, is_otlp, otlp_failure_events, printable, scan_file
 from ng_otel.contract.classify import classify_failure
-from ng_otel.contract.rows import SkippedLine, event_facts, read_row, row_masked
+from ng_otel.contract.rows import SkippedLine, class_row_failure, read_row, row_masked, row_terminal
 from ng_otel.otel import names
 
 SUMMARY_KEYS: Final = (
@@ -42,6 +42,7 @@ MAX_CHAIN_HOPS: Final = 64  # a chain shape longer than this is cut: a shape is 
 NO_STAGE: Final = "(none)"
 
 Chain = tuple[tuple[str, str], ...]  # (kind, boundary) from the effect down to its root cause
+RowTally = tuple[str, str, str | None, int | None, bool]  # kind, boundary, stage, status, terminal
 
 
 class _Bounded(Counter[Any]):
@@ -66,8 +67,10 @@ class Summary:
         self.files: list[str] = []
         self._otlp: dict[str, tuple[str, str, str | None, bool]] = {}  # id -> kind, boundary, cause, recovered
         self._traces: set[str] = set()
-        # Hot path: one dict entry per distinct (kind, boundary, stage, class) and per distinct
-        # (chain, root kind), folded into the figures by finish().
+        # Hot path: one dict entry per distinct event of a row (RowTally: classified once, by
+        # finish), per distinct classified OTLP event, and per distinct (chain, root kind);
+        # finish() folds them into the figures.
+        self._row_tallies: dict[RowTally, int] = {}
         self._combos: dict[tuple[str, str, str | None, str], int] = {}
         self._rooted: dict[tuple[Chain, str], int] = {}
 
@@ -96,21 +99,39 @@ class Summary:
     def add_line(self, value: Any, number: int, where: str = "") -> None:
         """One decoded line of saved rows."""
         try:
-            report = read_row(value)
+            # A 0.7.0 failure row is counted from its keys: its derived event id is not needed.
+            failure = class_row_failure(value) if isinstance(value, dict) else None
+            report = read_row(value) if failure is None else None
         except ValueError as error:
             self.skip(where, SkippedLine(number, str(error)))
             return
         self.rows += 1
         if row_masked(value):
             self.masked += 1
+        if failure is not None:
+            self.failed_rows += 1
+            kind, boundary = failure.kind, failure.boundary
+            self._tally((kind, boundary, failure.stage, failure.http_status, row_terminal(value) is True))
+            self._root(((kind, boundary),), kind)
+            return
         if report is None:
             return
-        combos = self._combos
-        for facts in event_facts(value, report):
-            if facts in combos:
-                combos[facts] += 1
+        # _ng_failure_terminal makes the row's own failure DATA (another attempt would not help).
+        terminal_id = report.failure_id if row_terminal(value) else None
+        tallies = self._row_tallies
+        for event_id, record in report.events.items():
+            get = record.get
+            tally = (
+                record["failure_kind"],
+                record["boundary"],
+                get("stage"),
+                get("http_status"),
+                event_id == terminal_id,
+            )
+            if tally in tallies:
+                tallies[tally] += 1
             else:
-                self._count(*facts)
+                self._tally(tally)
         if report.failure_id is not None:
             self.failed_rows += 1
             events = report.events
@@ -123,14 +144,29 @@ class Summary:
                 if cause is None:
                     break
                 record = events[cause]
-            key = (tuple(chain), record["failure_kind"])
-            if key in self._rooted:
-                self._rooted[key] += 1
-            elif len(self._rooted) < MAX_DISTINCT:
-                self._rooted[key] = 1
-            else:
-                self.chains.add(names.OTHER_KIND)
-                self.root_kinds.add(key[1])
+            self._root(tuple(chain), record["failure_kind"])
+
+    def _tally(self, tally: RowTally) -> None:
+        if tally in self._row_tallies:
+            self._row_tallies[tally] += 1
+        elif len(self._row_tallies) < MAX_DISTINCT:
+            self._row_tallies[tally] = 1
+        else:
+            self._fold_row_tally(tally, 1)
+
+    def _fold_row_tally(self, tally: RowTally, count: int) -> None:
+        kind, boundary, stage, status, terminal = tally
+        self._fold((kind, boundary, stage, classify_failure(kind, status, terminal=terminal).value), count)
+
+    def _root(self, chain: Chain, root_kind: str) -> None:
+        key = (chain, root_kind)
+        if key in self._rooted:
+            self._rooted[key] += 1
+        elif len(self._rooted) < MAX_DISTINCT:
+            self._rooted[key] = 1
+        else:
+            self.chains.add(names.OTHER_KIND)
+            self.root_kinds.add(root_kind)
 
     def _count(self, kind: str, boundary: str, stage: str | None, failure_class: str) -> None:
         key = (kind, boundary, stage, failure_class)
@@ -196,6 +232,9 @@ class Summary:
             self.root_kinds.add(kind)
             self.chains.add(tuple(chain))
         self._otlp.clear()
+        for tally, count in self._row_tallies.items():
+            self._fold_row_tally(tally, count)
+        self._row_tallies.clear()
         for key, count in self._combos.items():
             self._fold(key, count)
         self._combos.clear()

@@ -87,7 +87,10 @@ class FailureReport:
     ) -> FailureReport:
         """Build from records this package produced or already validated."""
         report = cls.__new__(cls)
-        report._set(events, failure_id, omitted)
+        set_field = object.__setattr__  # as _set, inline: the bulk row readers build one per row
+        set_field(report, "events", MappingProxyType(events) if events else _EMPTY)
+        set_field(report, "failure_id", failure_id)
+        set_field(report, "omitted", omitted)
         return report
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -214,6 +217,8 @@ def _check_acyclic(events: Mapping[str, Mapping[str, Any]]) -> None:
     # Each event has at most one cause, so following pointers once per event is O(n).
     done: set[str] = set()
     for start in events:
+        if start in done:
+            continue  # on a chain already followed (the usual case: effect first, then causes)
         path: set[str] = set()
         current: str | None = start
         while current is not None and current not in done:

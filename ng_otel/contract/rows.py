@@ -17,17 +17,19 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import IO, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from ng_otel.contract.classify import classify_failure
 from ng_otel.contract.events import BOUNDARIES, ID_PATTERN, MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
 from ng_otel.contract.kinds import FAILURE_KINDS, KIND_PATTERN, MAX_KIND_CHARS, is_well_formed, validate_failure_kind
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import MAX_REPORT_EVENTS, FailureReport
 from ng_otel.contract.report import _check_acyclic as check_acyclic
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRead
 
 # NeMo Gym 0.7.0's failure keys (nemo_gym/rollout_collection.py, nemo_gym/judge.py).
 ROW_FAILURE_CLASS: Final = "_ng_failure_class"
@@ -54,11 +56,15 @@ def row_report(row: Mapping[str, Any]) -> FailureReport | None:
     naming what is wrong."""
     if not isinstance(row, Mapping):
         raise ValueError("row: must be a JSON object")
-    if ROW_EVENTS in row or ROW_FAILURE_ID in row or ROW_OMITTED in row:
+    if has_saved_report(row):
         return _saved_report(row)
-    if ROW_FAILURE_CLASS in row:
-        return _class_report(row)
-    return None
+    failure = class_row_failure(row)
+    return _class_report(row, failure) if failure is not None else None
+
+
+def has_saved_report(row: Mapping[str, Any]) -> bool:
+    """Whether the row holds Gym Main's saved report (which wins over 0.7.0's keys)."""
+    return ROW_EVENTS in row or ROW_FAILURE_ID in row or ROW_OMITTED in row
 
 
 def row_terminal(row: Mapping[str, Any]) -> bool | None:
@@ -77,26 +83,53 @@ def _saved_report(row: Mapping[str, Any]) -> FailureReport:
     return FailureReport.from_dict(data)
 
 
-def _class_report(row: Mapping[str, Any]) -> FailureReport:
+class ClassRowFailure(NamedTuple):
+    """The one failure of a NeMo Gym 0.7.0 failure row, without the event id ``row_report``
+    derives for it (what counting needs, at a fraction of the cost)."""
+
+    kind: str
+    boundary: str
+    stage: str | None
+    http_status: int | None
+    judged: bool  # judge_failsafe's verify reply
+
+
+def class_row_failure(row: Mapping[str, Any]) -> ClassRowFailure | None:
+    """The failure of a 0.7.0 row (``_ng_failure_class``, and no saved report, which would
+    win), or ``None`` for any other row. Raises ``ValueError`` for a class that is no kind."""
+    if ROW_FAILURE_CLASS not in row or has_saved_report(row):
+        return None
     kind = row[ROW_FAILURE_CLASS]
     if not is_well_formed(kind):
         raise ValueError(f"{ROW_FAILURE_CLASS}: not a failure kind (<domain>_<condition> or <server>:<kind>)")
+    validate_failure_kind(kind)  # warns once for an unregistered kind
     judged = ROW_JUDGE_ERROR in row  # judge_failsafe's verify reply, kept in the main rows
     # Collection saw the failure, unless the row says who did: the environment server's own
     # reported failure, or the resources server's judge.
     boundary = "resources_server" if judged else "environment" if kind == ENVIRONMENT_SERVER_FAILED else "collection"
+    stage = row.get(ROW_FAILURE_STAGE) if not judged else "verification"
+    status = row.get(ROW_FAILURE_HTTP_STATUS)
+    return ClassRowFailure(
+        kind,
+        boundary,
+        stage if stage in STAGES else None,
+        status if type(status) is int and 100 <= status <= 599 else None,
+        judged,
+    )
+
+
+def _class_report(row: Mapping[str, Any], failure: ClassRowFailure) -> FailureReport:
+    kind = failure.kind
     record: dict[str, Any] = {
         "event_id": _row_event_id(row),
-        "boundary": boundary,
+        "boundary": failure.boundary,
         "failure_kind": kind,
-        "failure_reason": bound_text(_reason(row, judged)),
+        "failure_reason": bound_text(_reason(row, failure.judged)),
     }
-    stage = row.get(ROW_FAILURE_STAGE) if not judged else "verification"
-    if stage in STAGES:
-        record["stage"] = stage
-    status = row.get(ROW_FAILURE_HTTP_STATUS)
-    if type(status) is int and 100 <= status <= 599:
-        record["http_status"] = status
+    if failure.stage is not None:
+        record["stage"] = failure.stage
+    if failure.http_status is not None:
+        record["http_status"] = failure.http_status
     foreign_type = row.get(ROW_FAILURE_TYPE)
     if isinstance(foreign_type, str) and foreign_type:
         foreign: dict[str, Any] = {
@@ -107,8 +140,7 @@ def _class_report(row: Mapping[str, Any]) -> FailureReport:
             foreign["http_status"] = record["http_status"]
         record["foreign_error"] = foreign
     # Valid by construction: a well-formed kind, a fixed boundary, bounded text, a stage and a
-    # status checked above, a 32-hex id. Only the warning for an unregistered kind remains.
-    validate_failure_kind(kind)
+    # status checked by class_row_failure, a 32-hex id.
     return FailureReport._trusted({record["event_id"]: record}, record["event_id"])
 
 
@@ -130,9 +162,56 @@ def _row_event_id(row: Mapping[str, Any]) -> str:
     # same way every time it is read, so a replayed row is never recorded twice.
     try:
         canonical = orjson.dumps(row, option=orjson.OPT_SORT_KEYS, default=repr)
-    except TypeError:  # an integer past 64 bits, say: the standard library writes any JSON value
-        canonical = json.dumps(row, sort_keys=True, default=repr).encode()
+    except TypeError:  # an integer past 64 bits, or nesting past orjson's 255 levels
+        canonical = _sorted_json(row).encode()
     return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+class _Written(str):
+    """JSON text already written, queued between the values still to write."""
+
+
+def _sorted_json(value: Any) -> str:
+    """``json.dumps(value, sort_keys=True, default=repr)``, written without recursion: a row
+    orjson reads may nest 1,024 levels, deeper than ``json.dumps`` can follow."""
+    parts: list[str] = []
+    pending: list[Any] = [value]  # a stack: the next value to write is on top
+    while pending:
+        item = pending.pop()
+        if type(item) is _Written:
+            parts.append(item)
+        elif isinstance(item, dict):
+            pending.append(_Written("}"))
+            for index, (key, member) in enumerate(_sorted_members(item)):
+                pending += (member, _Written(_json_key(key) + ": "))
+                if index < len(item) - 1:
+                    pending.append(_Written(", "))
+            pending.append(_Written("{"))
+        elif isinstance(item, (list, tuple)):
+            pending.append(_Written("]"))
+            for index, member in enumerate(reversed(item)):
+                pending.append(member)
+                if index < len(item) - 1:
+                    pending.append(_Written(", "))
+            pending.append(_Written("["))
+        elif item is None or isinstance(item, (str, int, float)):
+            parts.append(json.dumps(item))
+        else:
+            parts.append(json.dumps(repr(item)))
+    return "".join(parts)
+
+
+def _json_key(key: Any) -> str:
+    return json.dumps(key if isinstance(key, str) else json.dumps(key))
+
+
+def _sorted_members(mapping: dict[Any, Any]) -> list[tuple[Any, Any]]:
+    """Last key first (they go on a stack), as ``json.dumps`` sorts them; keys that do not
+    compare (a str and an int) by their JSON text instead of raising."""
+    try:
+        return sorted(mapping.items(), key=lambda member: member[0], reverse=True)
+    except TypeError:
+        return sorted(mapping.items(), key=lambda member: _json_key(member[0]), reverse=True)
 
 
 # -- reading saved rows in bulk (ng-otel show, summary, report, kinds --check) --------------
@@ -155,9 +234,9 @@ class SkippedLine:
         return f"SkippedLine({self.line}, {self.reason!r})"
 
 
-def read_json_lines(stream: IO[bytes], *, max_line_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, Any]]:
+def read_json_lines(stream: SupportsRead[bytes], *, max_line_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, Any]]:
     """(line number, decoded JSON value or ``SkippedLine``) for each non-blank line of a binary
-    stream. Never raises for what the stream holds: a line past ``max_line_bytes``, invalid
+    stream (anything with ``read``). Never raises for what the stream holds: a line past ``max_line_bytes``, invalid
     UTF-8, text that is not JSON (nesting too deep included) or a last line cut off mid-write
     each come back as a ``SkippedLine``."""
     number = 0
@@ -226,10 +305,15 @@ def read_row(row: Any) -> FailureReport | None:
     another error) when it is not a row or its failure data is invalid."""
     if not isinstance(row, dict):
         raise ValueError("not a row: a row is a JSON object")
-    if ROW_EVENTS in row or ROW_FAILURE_ID in row or ROW_OMITTED in row:
-        fast = _canonical_saved_report(row)
+    if has_saved_report(row):
+        try:
+            fast = _canonical_saved_report(row)
+        except TypeError:  # an unhashable value where a name belongs: row_report names it
+            fast = None
         if fast is not None:
             return fast
+    elif ROW_FAILURE_CLASS not in row:
+        return None  # no failure data: a success, or an old row
     try:
         return row_report(row)
     except RecursionError:  # a pathologically nested value in a row
@@ -275,35 +359,6 @@ def root_kind(report: FailureReport) -> str | None:
     return str(record["failure_kind"])
 
 
-def event_facts(row: Mapping[str, Any], report: FailureReport) -> list[tuple[str, str, str | None, str]]:
-    """(kind, boundary, stage, INFRA/DATA class) of each event of a row's report; a row whose
-    ``_ng_failure_terminal`` is true makes its own failure DATA (the environment decided
-    another attempt would not help)."""
-    terminal_id = report.failure_id if row_terminal(row) else None
-    return [
-        (
-            record["failure_kind"],
-            record["boundary"],
-            record.get("stage"),
-            _class_of(record["failure_kind"], record.get("http_status"), event_id == terminal_id),
-        )
-        for event_id, record in report.events.items()
-    ]
-
-
-def _class_of(kind: str, status: int | None, terminal: bool) -> str:
-    key = (kind, status, terminal)
-    known = _CLASSES.get(key)
-    if known is None:
-        known = classify_failure(kind, status, terminal=terminal).value
-        if len(_CLASSES) < 4096:  # the default classifier is a pure function of these three
-            _CLASSES[key] = known
-    return known
-
-
-_CLASSES: dict[tuple[str, int | None, bool], str] = {}
-
-
 # A saved report in its canonical form (what ``report_row`` writes: known keys only, exact
 # types, every bound met) is read here without pydantic, about five times faster; anything
 # else goes to ``row_report``, which decides and names what is wrong. Both give the same
@@ -323,44 +378,53 @@ def _canonical_saved_report(row: Mapping[str, Any]) -> FailureReport | None:
     omitted = row.get(ROW_OMITTED, False)
     if type(events) is not dict or len(events) > MAX_REPORT_EVENTS or type(omitted) is not bool:
         return None
-    caused = False
+    # A cause written after its effect (as every writer does: effect first) cannot close a
+    # cycle; only a report with a cause written earlier pays for the full check.
+    earlier: set[str] = set()
+    backward = False
     unregistered: list[str] = []
     id_matches = _ID.fullmatch
     for event_id, record in events.items():
         if type(record) is not dict:
             return None
-        keys = record.keys()
         get = record.get
         reason = get("failure_reason")
         if (
-            not keys <= _CAUSED_KEYS
-            or get("event_id") != event_id
-            or id_matches(event_id) is None
-            or get("boundary") not in _BOUNDARIES
+            get("event_id") != event_id
             or type(reason) is not str
             or len(reason) > MAX_REASON_CHARS
+            or get("boundary") not in _BOUNDARIES
+            or id_matches(event_id) is None
         ):
             return None
+        earlier.add(event_id)
         kind: Any = get("failure_kind")
         if kind not in FAILURE_KINDS:
             if not _canonical_kind(kind):
                 return None
             unregistered.append(kind)
-        if len(keys) == _REQUIRED_KEYS:
+        if len(record) == _REQUIRED_KEYS:
             continue  # the four every record has, checked above: nothing optional to check
+        keys = record.keys()
         if not keys <= _RECORD_KEYS:
-            caused = True
-            if get("cause_id", event_id) not in events:
+            if not keys <= _CAUSED_KEYS:
                 return None
+            if "cause_id" in keys:
+                cause = record["cause_id"]
+                if cause not in events:
+                    return None
+                backward = backward or cause in earlier
             if "foreign_error" in keys and not _canonical_foreign(record["foreign_error"]):
                 return None
         if "stage" in keys and record["stage"] not in _STAGES:
             return None
-        if "http_status" in keys and not _canonical_status(record["http_status"]):
-            return None
+        if "http_status" in keys:
+            status = record["http_status"]
+            if type(status) is not int or not 100 <= status <= 599:
+                return None
     if failure_id is not None and (type(failure_id) is not str or failure_id not in events):
         return None
-    if caused:
+    if backward:
         try:
             check_acyclic(events)
         except ValueError:
