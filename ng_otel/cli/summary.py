@@ -78,18 +78,19 @@ class Summary:
 
     def add_file(self, path: Path, console: Console | None = None) -> None:
         """Read one file (rows or OTLP JSON lines, told apart by its first line)."""
-        self.files.append(str(path))
+        where = str(path)
+        self.files.append(where)
         otlp: bool | None = None
         for number, value in scan_file(path, console, "summarising"):
             if isinstance(value, SkippedLine):
-                self.skip(str(path), value)
+                self.skip(where, value)
                 continue
             if otlp is None:
                 otlp = is_otlp(value)
             if otlp:
-                self.add_otlp(value, number, str(path))
+                self.add_otlp(value, number, where)
             else:
-                self.add_line(value, number, str(path))
+                self.add_line(value, number, where)
 
     def skip(self, where: str, line: SkippedLine) -> None:
         self.skipped += 1

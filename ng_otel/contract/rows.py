@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import orjson
+from orjson import JSONDecodeError, loads
 from pydantic import TypeAdapter, ValidationError
 
 from ng_otel.contract.events import BOUNDARIES, ID_PATTERN, MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
@@ -236,9 +237,9 @@ class SkippedLine:
 
 def read_json_lines(stream: SupportsRead[bytes], *, max_line_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, Any]]:
     """(line number, decoded JSON value or ``SkippedLine``) for each non-blank line of a binary
-    stream (anything with ``read``). Never raises for what the stream holds: a line past ``max_line_bytes``, invalid
-    UTF-8, text that is not JSON (nesting too deep included) or a last line cut off mid-write
-    each come back as a ``SkippedLine``."""
+    stream (anything with ``read``). Never raises for what the stream holds: a line past
+    ``max_line_bytes``, invalid UTF-8, text that is not JSON (nesting too deep included) or a
+    last line cut off mid-write each come back as a ``SkippedLine``."""
     number = 0
     parts: list[bytes] = []  # the start of a line whose end is in a later chunk, joined once at its end
     held = 0  # bytes in parts: at most max_line_bytes
@@ -250,21 +251,31 @@ def read_json_lines(stream: SupportsRead[bytes], *, max_line_bytes: int = MAX_RO
             break
         lines = chunk.split(b"\n")
         tail = lines.pop()
-        for index, raw in enumerate(lines):
+        if lines:  # the first line ends here; it may have begun in earlier chunks
             number += 1
-            if index == 0:
-                if overlong or held + len(raw) > max_line_bytes:
-                    overlong, parts, held = False, [], 0
-                    yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
-                    continue
+            first = lines[0]
+            if overlong or held + len(first) > max_line_bytes:
+                overlong, parts, held = False, [], 0
+                yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
+            else:
                 if parts:
-                    raw, parts, held = b"".join([*parts, raw]), [], 0
-            elif len(raw) > max_line_bytes:
+                    first, parts, held = b"".join([*parts, first]), [], 0
+                decoded = _decoded(number, first, ended=True)
+                if decoded is not None:
+                    yield number, decoded
+        after_first = number + 1
+        for number, raw in enumerate(lines[1:], start=after_first):  # the hot loop: whole lines
+            if len(raw) > max_line_bytes:
                 yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
                 continue
-            decoded = _decoded(number, raw, ended=True)
-            if decoded is not None:
-                yield number, decoded
+            try:
+                value = loads(raw)
+            except JSONDecodeError as error:
+                skipped = _not_json(number, raw, error, ended=True)
+                if skipped is not None:
+                    yield number, skipped
+            else:
+                yield number, value
         if overlong or held + len(tail) > max_line_bytes:
             overlong, parts, held = True, [], 0
         elif tail:
@@ -283,14 +294,19 @@ _CHUNK_BYTES: Final = 1 << 20
 
 def _decoded(number: int, raw: bytes, *, ended: bool) -> Any:
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as error:
-        if not raw.strip():
-            return None
-        return SkippedLine(number, _why_not_json(raw, error, ended))
+        return loads(raw)
+    except JSONDecodeError as error:
+        return _not_json(number, raw, error, ended=ended)
 
 
-def _why_not_json(raw: bytes, error: orjson.JSONDecodeError, ended: bool) -> str:
+def _not_json(number: int, raw: bytes, error: JSONDecodeError, *, ended: bool) -> SkippedLine | None:
+    """Why a line is skipped, or ``None`` for a blank one."""
+    if not raw.strip():
+        return None
+    return SkippedLine(number, _why_not_json(raw, error, ended))
+
+
+def _why_not_json(raw: bytes, error: JSONDecodeError, ended: bool) -> str:
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as bad:
@@ -329,6 +345,8 @@ def row_masked(row: Mapping[str, Any]) -> bool:
         return value
     if value is None:
         instance_config = row.get(ROW_INSTANCE_CONFIG)
+        if instance_config is None:  # most rows: no need for the slower Mapping check
+            return False
         return isinstance(instance_config, Mapping) and _lax_bool(instance_config.get(ROW_MASK_SAMPLE))
     return _lax_bool(value)
 
