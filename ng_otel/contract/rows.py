@@ -17,7 +17,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 import orjson
 from orjson import JSONDecodeError, loads
@@ -28,9 +28,6 @@ from ng_otel.contract.kinds import FAILURE_KINDS, KIND_PATTERN, MAX_KIND_CHARS, 
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import MAX_REPORT_EVENTS, FailureReport
 from ng_otel.contract.report import _check_acyclic as check_acyclic
-
-if TYPE_CHECKING:
-    from _typeshed import SupportsRead
 
 # NeMo Gym 0.7.0's failure keys (nemo_gym/rollout_collection.py, nemo_gym/judge.py).
 ROW_FAILURE_CLASS: Final = "_ng_failure_class"
@@ -235,7 +232,13 @@ class SkippedLine:
         return f"SkippedLine({self.line}, {self.reason!r})"
 
 
-def read_json_lines(stream: SupportsRead[bytes], *, max_line_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, Any]]:
+class ByteStream(Protocol):
+    """What ``read_json_lines`` reads from: a binary file, or anything with its ``read``."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
+def read_json_lines(stream: ByteStream, *, max_line_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, Any]]:
     """(line number, decoded JSON value or ``SkippedLine``) for each non-blank line of a binary
     stream (anything with ``read``). Never raises for what the stream holds: a line past
     ``max_line_bytes``, invalid UTF-8, text that is not JSON (nesting too deep included) or a
