@@ -321,3 +321,34 @@ def test_a_long_read_shows_a_progress_bar_on_a_terminal_and_nothing_on_a_pipe(tm
     quick = io.StringIO()
     summarise([path], Console(file=quick, force_terminal=True, width=100))
     assert quick.getvalue() == ""
+
+
+def test_endless_distinct_kinds_fold_into_other_and_every_count_is_kept(tmp_path, monkeypatch):
+    from ng_otel.cli import summary
+
+    monkeypatch.setattr(summary, "MAX_DISTINCT", 10)  # each figure's bound, small enough to pass
+    path = tmp_path / "rows.jsonl"
+    with path.open("wb") as out:
+        for index in range(60):
+            top, root = f"{index:032x}", f"{index + 1000:032x}"
+            events = {
+                top: {"event_id": top, "boundary": "agent", "failure_kind": f"srv:top_{index}",
+                      "failure_reason": "r", "cause_id": root},
+                root: {"event_id": root, "boundary": "model", "failure_kind": f"srv:root_{index}",
+                       "failure_reason": "r", "http_status": 500 + index % 3},
+            }  # fmt: skip
+            out.write(orjson.dumps({"_ng_failure_id": top, "_ng_failure_events": events}) + b"\n")
+            out.write(orjson.dumps({"_ng_failure_class": f"srv:sidecar_{index}"}) + b"\n")
+    got = summary.Summary()
+    got.add_file(path)
+    # What a file of endless distinct values holds in memory before finish() folds it: bounded.
+    assert len(got._row_tallies) <= 10 and len(got._rooted) <= 10
+    assert all(len(figure) <= 11 for figure in (got.by_kind, got.by_boundary, got.chains, got.root_kinds))
+    figures = got.finish().to_json()
+    assert (figures["rows"], figures["failed_rows"], figures["events"]) == (120, 120, 180)
+    for name, whole in (("by_kind", 180), ("by_boundary", 180), ("by_class", 180), ("root_kinds", 120)):
+        counts = figures[name]
+        assert sum(counts.values()) == whole, name
+        assert len(counts) <= 10 + 1, name  # ten named, the rest under _other
+    assert figures["by_kind"]["_other"] > 0 and figures["root_kinds"]["_other"] > 0
+    assert sum(count for _, count in got.chains.most_common()) == 120

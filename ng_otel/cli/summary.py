@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
 from rich.console import Console
@@ -52,6 +52,21 @@ class _Bounded(Counter[Any]):
         if key not in self and len(self) >= MAX_DISTINCT:
             key = names.OTHER_KIND
         self[key] += count
+
+
+_Key = TypeVar("_Key")
+
+
+def _held(table: dict[_Key, int], key: _Key) -> bool:
+    """Count ``key`` in ``table`` when it is there or there is room; ``False`` when the table
+    is full and the caller must fold the count into the figures at once."""
+    if key in table:
+        table[key] += 1
+    elif len(table) < MAX_DISTINCT:
+        table[key] = 1
+    else:
+        return False
+    return True
 
 
 class Summary:
@@ -148,11 +163,7 @@ class Summary:
             self._root(tuple(chain), record["failure_kind"])
 
     def _tally(self, tally: RowTally) -> None:
-        if tally in self._row_tallies:
-            self._row_tallies[tally] += 1
-        elif len(self._row_tallies) < MAX_DISTINCT:
-            self._row_tallies[tally] = 1
-        else:
+        if not _held(self._row_tallies, tally):
             self._fold_row_tally(tally, 1)
 
     def _fold_row_tally(self, tally: RowTally, count: int) -> None:
@@ -160,22 +171,13 @@ class Summary:
         self._fold((kind, boundary, stage, classify_failure(kind, status, terminal=terminal).value), count)
 
     def _root(self, chain: Chain, root_kind: str) -> None:
-        key = (chain, root_kind)
-        if key in self._rooted:
-            self._rooted[key] += 1
-        elif len(self._rooted) < MAX_DISTINCT:
-            self._rooted[key] = 1
-        else:
+        if not _held(self._rooted, (chain, root_kind)):
             self.chains.add(names.OTHER_KIND)
             self.root_kinds.add(root_kind)
 
     def _count(self, kind: str, boundary: str, stage: str | None, failure_class: str) -> None:
         key = (kind, boundary, stage, failure_class)
-        if key in self._combos:
-            self._combos[key] += 1
-        elif len(self._combos) < MAX_DISTINCT:
-            self._combos[key] = 1
-        else:
+        if not _held(self._combos, key):
             self._fold(key, 1)
 
     def _fold(self, key: tuple[str, str, str | None, str], count: int) -> None:
