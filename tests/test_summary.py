@@ -47,15 +47,26 @@ def reference_lines(data: bytes, bound: int):
         if len(part) > bound:
             out.append((number, "skipped"))
             continue
+        if not part.strip():
+            continue
         try:
             out.append((number, orjson.loads(part)))
+            continue
         except orjson.JSONDecodeError:
-            if part.strip():
-                out.append((number, "skipped"))
+            pass
+        try:  # what Python's json writes and reads (NaN, Infinity) and a byte order mark
+            value = json.loads(part.decode("utf-8-sig"))
+            json.dumps(value, ensure_ascii=False).encode()  # a lone surrogate is no text
+            out.append((number, value))
+        except ValueError:
+            out.append((number, "skipped"))
     return out
 
 
-PIECES = [b'{"a": 1}', b"", b"  ", b"[1, 2, 3, 4, 5, 6, 7]", b"nope", b"\xff\xfe", b'{"b": "' + b"x" * 30 + b'"}', b"7"]
+PIECES = [
+    *(b'{"a": 1}', b"", b"  ", b"[1, 2, 3, 4, 5, 6, 7]", b"nope", b"\xff\xfe", b'{"b": "' + b"x" * 30 + b'"}', b"7"),
+    *(b'\xef\xbb\xbf{"bom": 1}', b'{"reward": -Infinity}', b'{"lone": "\\ud800"}'),
+]
 
 
 @given(st.lists(st.sampled_from(PIECES), max_size=12), st.booleans(), st.integers(min_value=1, max_value=48))

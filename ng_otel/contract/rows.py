@@ -274,9 +274,9 @@ def read_json_lines(stream: ByteStream, *, max_line_bytes: int = MAX_ROW_BYTES) 
             try:
                 value = loads(raw)
             except JSONDecodeError as error:
-                skipped = _not_json(number, raw, error, ended=True)
-                if skipped is not None:
-                    yield number, skipped
+                value = _refused_by_orjson(number, raw, error, ended=True)
+                if value is not None:
+                    yield number, value
             else:
                 yield number, value
         if overlong or held + len(tail) > max_line_bytes:
@@ -299,14 +299,21 @@ def _decoded(number: int, raw: bytes, *, ended: bool) -> Any:
     try:
         return loads(raw)
     except JSONDecodeError as error:
-        return _not_json(number, raw, error, ended=ended)
+        return _refused_by_orjson(number, raw, error, ended=ended)
 
 
-def _not_json(number: int, raw: bytes, error: JSONDecodeError, *, ended: bool) -> SkippedLine | None:
-    """Why a line is skipped, or ``None`` for a blank one."""
+def _refused_by_orjson(number: int, raw: bytes, error: JSONDecodeError, *, ended: bool) -> Any:
+    """A line orjson will not read: ``None`` when blank; its value when the standard library
+    reads it (a UTF-8 byte order mark, ``NaN`` or ``Infinity`` as Python's ``json`` writes
+    them), so such a row is not lost; else a ``SkippedLine`` saying why."""
     if not raw.strip():
         return None
-    return SkippedLine(number, _why_not_json(raw, error, ended))
+    try:
+        value = json.loads(raw.decode("utf-8-sig"))
+        json.dumps(value, ensure_ascii=False).encode()  # no lone surrogate from an escape
+    except (ValueError, TypeError, RecursionError):
+        return SkippedLine(number, _why_not_json(raw, error, ended))
+    return value
 
 
 def _why_not_json(raw: bytes, error: JSONDecodeError, ended: bool) -> str:
