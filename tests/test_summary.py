@@ -363,3 +363,51 @@ def test_endless_distinct_kinds_fold_into_other_and_every_count_is_kept(tmp_path
         assert len(counts) <= 10 + 1, name  # ten named, the rest under _other
     assert figures["by_kind"]["_other"] > 0 and figures["root_kinds"]["_other"] > 0
     assert sum(count for _, count in got.chains.most_common()) == 120
+
+
+# -- OTLP JSON lines of odd shapes ----------------------------------------------------------
+
+
+def _failure_attributes(event_id, kind, cause=None):
+    values = {"ng.failure.id": event_id, "ng.failure.kind": kind, "ng.failure.boundary": "model"}
+    if cause is not None:
+        values["ng.failure.cause_id"] = cause
+    return [{"key": key, "value": {"stringValue": value}} for key, value in values.items()]
+
+
+def _otlp_span_line(trace_id, *events):
+    span_events = [{"name": "ng.failure", "attributes": _failure_attributes(*event)} for event in events]
+    span = {"traceId": trace_id, "spanId": "s" + trace_id, "events": span_events}
+    return orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+
+
+def test_otlp_causes_that_loop_are_one_failed_row_a_loop_never_none(tmp_path):
+    from ng_otel.cli.summary import summarise
+
+    path = tmp_path / "loops.jsonl"
+    lines = [
+        _otlp_span_line("t1", ("e1", "agent_run_error", "e2"), ("e2", "transport_timeout", "e1")),
+        _otlp_span_line("t2", ("e3", "judge_failed", "e3")),  # its own cause
+        _otlp_span_line("t3", ("e4", "agent_run_error", "e5")),  # e5 is in another trace ...
+        _otlp_span_line("t4", ("e5", "transport_timeout", "e6"), ("e6", "transport_peer_drop", "e5")),  # ... looping
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    got = summarise([path]).to_json()
+    assert (got["rows"], got["events"], got["failed_rows"], got["skipped"]) == (4, 6, 3, 0)
+    assert sum(got["root_kinds"].values()) == 3
+    # The chain entering the loop from e4 is followed until it comes back round, and ends there.
+    assert got["root_kinds"]["transport_peer_drop"] == 1
+
+
+def test_log_records_outside_spans_count_their_traces_as_rows(tmp_path):
+    from ng_otel.cli.summary import summarise
+
+    logs = [
+        {"eventName": "ng.failure", "traceId": trace_id, "attributes": _failure_attributes(f"e{index}", "judge_failed")}
+        for index, trace_id in enumerate(["a" * 32, "b" * 32, "b" * 32, ""])
+    ]
+    path = tmp_path / "logs.jsonl"
+    path.write_bytes(orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": logs}]}]}) + b"\n")
+    got = summarise([path]).to_json()
+    # Two traces, and one record outside any trace: three rows for four failures, none a cause.
+    assert (got["rows"], got["events"], got["failed_rows"]) == (3, 4, 4)

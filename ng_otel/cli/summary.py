@@ -40,6 +40,7 @@ MAX_DISTINCT: Final = 1000
 MAX_LISTED_SKIPS: Final = 50
 MAX_CHAIN_HOPS: Final = 64  # a chain shape longer than this is cut: a shape is for grouping
 NO_STAGE: Final = "(none)"
+_NO_TRACE: Final = frozenset({"", "?", "0" * 32})  # OTLP JSON's ways of saying "no trace"
 
 Chain = tuple[tuple[str, str], ...]  # (kind, boundary) from the effect down to its root cause
 RowTally = tuple[str, str, str | None, int | None, bool]  # kind, boundary, stage, status, terminal
@@ -194,13 +195,18 @@ class Summary:
         if not isinstance(value, dict):
             self.skip(where, SkippedLine(number, "not OTLP JSON: a line is a JSON object"))
             return
-        for _, attributes, time in otlp_failure_events(value, self._traces):
+        for trace_id, attributes, time in otlp_failure_events(value, self._traces):
             if attributes is None:
                 self.skip(where, SkippedLine(number, "an ng.failure event without its id, kind or boundary"))
                 continue
             event_id = str(attributes[names.ID])
             if event_id in self._otlp:
                 continue  # the same event as a span event and as a log record
+            if trace_id not in self._traces:  # a log record's: spans add their traces as read
+                if trace_id in _NO_TRACE:
+                    self.rows += 1  # a log record outside any trace is a row of its own
+                else:
+                    self._traces.add(trace_id)
             kind, boundary = str(attributes[names.KIND]), str(attributes[names.BOUNDARY])
             status = attributes.get(names.HTTP_STATUS)
             failure_class = attributes.get(names.CLASS)
@@ -221,19 +227,14 @@ class Summary:
         self.rows += len(self._traces)
         self._traces.clear()
         causes = {cause for _, _, cause, _ in self._otlp.values() if cause is not None}
-        for event_id, (kind, boundary, cause, recovered) in self._otlp.items():
-            if recovered or event_id in causes:
-                continue  # recovered, or the cause of another failure: not a reply's own top
-            self.failed_rows += 1
-            chain: list[tuple[str, str]] = [(kind, boundary)]
-            seen = {event_id}
-            while cause is not None and cause in self._otlp and cause not in seen:
-                seen.add(cause)
-                kind, boundary, cause, _ = self._otlp[cause]
-                if len(chain) < MAX_CHAIN_HOPS:
-                    chain.append((kind, boundary))
-            self.root_kinds.add(kind)
-            self.chains.add(tuple(chain))
+        reached: set[str] = set()
+        for event_id, (*_, recovered) in self._otlp.items():
+            if event_id not in causes:  # a top: the effect nothing else names as its cause
+                # A recovered top is no failed reply, but its causes are reached all the same.
+                self._otlp_chain(event_id, reached, counted=not recovered)
+        for event_id in self._otlp:
+            if event_id not in reached:  # on a cycle of causes that no top leads into
+                self._otlp_chain(event_id, reached, counted=True)  # one failed row a cycle
         self._otlp.clear()
         for tally, count in self._row_tallies.items():
             self._fold_row_tally(tally, count)
@@ -246,6 +247,24 @@ class Summary:
             self.root_kinds.add(root, count)
         self._rooted.clear()
         return self
+
+    def _otlp_chain(self, event_id: str, reached: set[str], *, counted: bool) -> None:
+        """Follow one OTLP event's causes down to its root (stopping where they loop), marking
+        each event reached; a counted chain is one failed row."""
+        kind, boundary, cause, _ = self._otlp[event_id]
+        chain: list[tuple[str, str]] = [(kind, boundary)]
+        reached.add(event_id)
+        seen = {event_id}
+        while cause is not None and cause in self._otlp and cause not in seen:
+            seen.add(cause)
+            reached.add(cause)
+            kind, boundary, cause, _ = self._otlp[cause]
+            if len(chain) < MAX_CHAIN_HOPS:
+                chain.append((kind, boundary))
+        if counted:
+            self.failed_rows += 1
+            self.root_kinds.add(kind)
+            self.chains.add(tuple(chain))
 
     # -- output -------------------------------------------------------------------------
 
