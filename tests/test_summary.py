@@ -411,3 +411,13 @@ def test_log_records_outside_spans_count_their_traces_as_rows(tmp_path):
     got = summarise([path]).to_json()
     # Two traces, and one record outside any trace: three rows for four failures, none a cause.
     assert (got["rows"], got["events"], got["failed_rows"]) == (3, 4, 4)
+
+
+@pytest.mark.e2e
+def test_the_demos_rows_and_its_telemetry_agree_on_what_was_masked(tmp_path, ng_otel_cli):
+    # The demo saves rows as Gym does, the verify reply's mask_sample at the top of the row.
+    done = ng_otel_cli("demo", "--out", str(tmp_path / "demo"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_json(ng_otel_cli, tmp_path / "demo" / "rows.jsonl")
+    telemetry = summary_json(ng_otel_cli, tmp_path / "demo" / "telemetry.jsonl")
+    assert rows["masked"] == telemetry["masked"] == 1

@@ -44,13 +44,10 @@ async def collect(agent_url: str, scenarios: tuple[str, ...] = SCENARIOS, concur
                         carried = "X-NG-Failure-Report" in response.headers
                         report = reply_report(response, boundary="collection")
                     trace_id = f"{span.get_span_context().trace_id:032x}"
-            row: dict[str, Any] = {
-                "scenario": scenario,
-                "status": status,
-                "trace_id": trace_id,
-                "report_header": carried,
-            }
-            row["result" if status < 400 else "error"] = body
+            # As Gym's collection saves a rollout: the verify reply's keys (reward, mask_sample)
+            # at the top of the row, where ng-otel summary reads them.
+            row: dict[str, Any] = body if status < 400 and isinstance(body, dict) else {"error": body}
+            row.update(scenario=scenario, status=status, trace_id=trace_id, report_header=carried)
             return {**row, **report_row(report)}
 
         return list(await asyncio.gather(*(rollout(scenario) for scenario in scenarios)))
