@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ng_otel.cli._install import install_hint
 from ng_otel.otel import names
 
-DEMO_INSTALL = "pip install 'ng-otel[demo]'"
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
 
 
@@ -33,7 +33,8 @@ def run_demo(out: Path, console: Console) -> int:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor  # noqa: F401
     except ImportError as missing:
         needed = escape(missing.name or "its servers")
-        console.print(f"[red]ng-otel demo needs {needed}: {escape(DEMO_INSTALL)}[/red]")
+        # soft_wrap: the command stays one line to copy, however narrow the terminal
+        console.print(f"[red]ng-otel demo needs {needed}: {escape(install_hint('demo'))}[/red]", soft_wrap=True)
         return 2
     from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
     from ng_otel.cli.receiver import OtlpReceiver
