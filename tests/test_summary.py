@@ -421,3 +421,12 @@ def test_the_demos_rows_and_its_telemetry_agree_on_what_was_masked(tmp_path, ng_
     rows = summary_json(ng_otel_cli, tmp_path / "demo" / "rows.jsonl")
     telemetry = summary_json(ng_otel_cli, tmp_path / "demo" / "telemetry.jsonl")
     assert rows["masked"] == telemetry["masked"] == 1
+
+
+def test_a_file_named_twice_is_summarised_once(tmp_path):
+    from ng_otel.cli.summary import summarise
+
+    path = tmp_path / "rows.jsonl"
+    expected = mixed_rows.write_mixed_rows(path, 40)
+    (tmp_path / "link.jsonl").symlink_to(path)  # the same file under another name, as a glob may give
+    assert summarise([path, path, tmp_path / "link.jsonl"]).to_json() == expected

@@ -287,8 +287,19 @@ class Summary:
 
 
 def summarise(paths: Iterable[Path], console: Console | None = None) -> Summary:
+    """The figures of ``paths`` together; a file named twice (a glob and its own name, say) is
+    read once, so its rows are not counted twice."""
     summary = Summary()
+    read: set[tuple[int, int]] = set()
     for path in paths:
+        try:
+            status = path.stat()
+        except OSError:
+            status = None  # reading it says what is wrong
+        if status is not None:
+            if (status.st_dev, status.st_ino) in read:
+                continue
+            read.add((status.st_dev, status.st_ino))
         summary.add_file(path, console)
     return summary.finish()
 
