@@ -315,9 +315,12 @@ def _record_of(attributes: Mapping[str, Any]) -> dict[str, Any]:
         "failure_reason": str(attributes.get(names.REASON, "")),
         "recovered": attributes.get(names.RECOVERED) is True,
     }
-    for key, name in (("stage", names.STAGE), ("http_status", names.HTTP_STATUS), ("cause_id", names.CAUSE_ID)):
+    for key, name in (("stage", names.STAGE), ("http_status", names.HTTP_STATUS)):
         if name in attributes:
             record[key] = attributes[name]
+    # A cause id is a dict key and a set member from here on: one that is not a string is no cause.
+    if isinstance(attributes.get(names.CAUSE_ID), str):
+        record["cause_id"] = attributes[names.CAUSE_ID]
     if isinstance(attributes.get(names.FOREIGN_TYPE), str):
         record["foreign_error"] = {"type": attributes[names.FOREIGN_TYPE]}
     return record

@@ -1,0 +1,68 @@
+"""`ng-otel show` on files a run did not write as expected: hostile OTLP attribute values, cause
+cycles, deep chains, lines of the other format, hostile file names, and a terminal."""
+
+import io
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from ng_otel.cli.show import show_paths
+
+
+def show_output(*paths: Path, terminal: bool = False) -> str:
+    """What ``ng-otel show`` prints for ``paths``, as a pipe (or a terminal) gets it."""
+    out = io.StringIO()
+    assert show_paths(paths, Console(file=out, width=200, force_terminal=terminal)) == 0
+    return out.getvalue()
+
+
+def otlp_event(event_id: str, *, cause: dict | None = None, kind: str = "transport_timeout") -> dict:
+    """An ``ng.failure`` span event as OTLP JSON; ``cause`` is its cause id's OTLP value."""
+    attributes = [
+        {"key": "ng.failure.id", "value": {"stringValue": event_id}},
+        {"key": "ng.failure.kind", "value": {"stringValue": kind}},
+        {"key": "ng.failure.boundary", "value": {"stringValue": "model"}},
+        {"key": "ng.failure.reason", "value": {"stringValue": f"reason of {event_id}"}},
+    ]
+    if cause is not None:
+        attributes.append({"key": "ng.failure.cause_id", "value": cause})
+    return {"name": "ng.failure", "attributes": attributes}
+
+
+def otlp_line(trace_id: str, *events: dict) -> str:
+    span = {"traceId": trace_id, "spanId": "s" + trace_id, "events": list(events)}
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+
+
+def write_lines(path: Path, *lines: str) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+# -- OTLP attribute values ------------------------------------------------------------------
+
+
+def test_a_cause_id_that_is_not_a_string_is_no_cause_and_its_event_still_shows(tmp_path):
+    path = write_lines(
+        tmp_path / "telemetry.jsonl",
+        otlp_line(
+            "t1",
+            otlp_event("e1", cause={"stringValue": ["x"]}),
+            otlp_event("e2", cause={"boolValue": ["x"]}),
+            otlp_event("e3", cause={"doubleValue": {"x": 1}}),
+            otlp_event("e4", cause={"boolValue": True}),
+        ),
+    )
+    # Each is the top of a chain of its own, drawn with its reason: no traceback, no event lost.
+    assert show_output(path).splitlines()[:-1] == [
+        "trace t1",
+        "├── transport_timeout  model · ?  e1",
+        "│   reason of e1",
+        "├── transport_timeout  model · ?  e2",
+        "│   reason of e2",
+        "├── transport_timeout  model · ?  e3",
+        "│   reason of e3",
+        "└── transport_timeout  model · ?  e4",
+        "    reason of e4",
+    ]
