@@ -66,3 +66,64 @@ def test_a_cause_id_that_is_not_a_string_is_no_cause_and_its_event_still_shows(t
         "└── transport_timeout  model · ?  e4",
         "    reason of e4",
     ]
+
+
+# -- loops of causes ------------------------------------------------------------------------
+
+
+def cause(event_id: str) -> dict:
+    return {"stringValue": event_id}
+
+
+def test_a_loop_of_causes_in_one_trace_or_across_two_is_drawn_once_with_a_marker(tmp_path):
+    two = write_lines(
+        tmp_path / "two.jsonl",
+        otlp_line("t1", otlp_event("e1", cause=cause("e2")), otlp_event("e2", cause=cause("e1"))),
+    )
+    one = write_lines(tmp_path / "one.jsonl", otlp_line("t1", otlp_event("e1", cause=cause("e1"))))
+    across = write_lines(
+        tmp_path / "across.jsonl",
+        otlp_line("t1", otlp_event("e1", cause=cause("e2"))),
+        otlp_line("t2", otlp_event("e2", cause=cause("e1"))),
+    )
+    loop_of_two = [
+        "└── transport_timeout  model · ?  e1",
+        "    reason of e1",
+        "    └── transport_timeout  model · ?  e2",
+        "        reason of e2",
+        "        └── ↻ cause e1 already shown above",
+    ]
+    assert show_output(two).splitlines()[:-1] == ["trace t1", *loop_of_two]
+    assert show_output(across).splitlines()[:-1] == ["traces t1 + t2", *loop_of_two]
+    assert show_output(one).splitlines()[:-1] == [
+        "trace t1",
+        "└── transport_timeout  model · ?  e1",
+        "    reason of e1",
+        "    └── ↻ cause e1 already shown above",
+    ]
+
+
+def test_a_loop_under_a_top_and_a_shared_cause_end_their_chains_with_the_marker(tmp_path):
+    path = write_lines(
+        tmp_path / "telemetry.jsonl",
+        otlp_line(
+            "t1",
+            otlp_event("e0", cause=cause("e1")),
+            otlp_event("e1", cause=cause("e2")),
+            otlp_event("e2", cause=cause("e1")),
+            otlp_event("e9", cause=cause("e2")),
+        ),
+    )
+    assert show_output(path).splitlines()[:-1] == [
+        "trace t1",
+        "├── transport_timeout  model · ?  e0",
+        "│   reason of e0",
+        "│   └── transport_timeout  model · ?  e1",
+        "│       reason of e1",
+        "│       └── transport_timeout  model · ?  e2",
+        "│           reason of e2",
+        "│           └── ↻ cause e1 already shown above",
+        "└── transport_timeout  model · ?  e9",
+        "    reason of e9",
+        "    └── ↻ cause e2 already shown above",
+    ]

@@ -350,33 +350,48 @@ Line = list[tuple[str, str]]  # (text, rich style) segments
 
 def tree_lines(group: FailureGroup, *, full_ids: bool = False) -> list[Line]:
     """The group's tree, line by line: its title, then each chain from its top effect down to
-    its root cause, each child the cause of the node above."""
+    its root cause, each child the cause of the node above. Every event is drawn once: a
+    cause already drawn (a loop of causes, or a cause two effects share) is one line,
+    ``↻ cause <id> already shown above``, and a loop that no top leads into is drawn from its
+    first event."""
     title: Line = [(clean(group.title, 200 if not full_ids else 2000), "cyan")]
     if group.omitted:
         title.append(("  report omitted", "red"))
     lines = [title]
-    chains: list[list[Mapping[str, Any]]] = []
-    shown: set[str] = set()
-    for root in group.roots():
-        chain: list[Mapping[str, Any]] = []
-        current: str | None = root
-        while current is not None and current in group.events and current not in shown:
-            shown.add(current)
-            chain.append(group.events[current])
-            current = group.events[current].get("cause_id")
-        chains.append(chain)
-    for number, chain in enumerate(chains, start=1):
+    chains = _chains(group)
+    for number, (chain, shown_cause) in enumerate(chains, start=1):
         prefix = ""
         for depth, record in enumerate(chain):
             last = depth > 0 or number == len(chains)
             lines.extend(_node_lines(group, record, prefix + ("└── " if last else "├── "), full_ids))
             lines[-1][0] = (prefix + ("    " if last else "│   "), "tree.line")
             prefix += "    " if last else "│   "
+        if shown_cause is not None:
+            shown_id = clean(shown_cause if full_ids else shown_cause[:SHORT_ID], 128)
+            lines.append([(prefix + "└── ", "tree.line"), (f"↻ cause {shown_id} already shown above", "dim")])
     if group.omitted and not group.events:
         lines.append(
             [("└── ", "tree.line"), ("the reply's report exceeded 4096 bytes; its events are in the traces", "dim")]
         )
     return lines
+
+
+def _chains(group: FailureGroup) -> list[tuple[list[Mapping[str, Any]], str | None]]:
+    """Each chain to draw, with the id of the cause it ends at when that cause is drawn already:
+    from each top effect first, then from the first event not yet drawn (a loop's)."""
+    chains: list[tuple[list[Mapping[str, Any]], str | None]] = []
+    shown: set[str] = set()
+    for start in itertools.chain(group.roots(), group.events):
+        if start in shown:
+            continue
+        chain: list[Mapping[str, Any]] = []
+        current: str | None = start
+        while current is not None and current in group.events and current not in shown:
+            shown.add(current)
+            chain.append(group.events[current])
+            current = group.events[current].get("cause_id")
+        chains.append((chain, current if current in shown else None))
+    return chains
 
 
 def _node_lines(group: FailureGroup, record: Mapping[str, Any], guide: str, full_ids: bool) -> list[Line]:
