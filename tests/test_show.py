@@ -127,3 +127,30 @@ def test_a_loop_under_a_top_and_a_shared_cause_end_their_chains_with_the_marker(
         "    reason of e9",
         "    └── ↻ cause e2 already shown above",
     ]
+
+
+# -- deep chains ----------------------------------------------------------------------------
+
+
+def write_deep_chain(path: Path, depth: int) -> Path:
+    """One saved row whose report is a chain of ``depth`` events, its root a kind of its own."""
+    events = {
+        f"e{index}": {
+            "event_id": f"e{index}",
+            "boundary": "model",
+            "failure_kind": "transport_timeout" if index < depth - 1 else "browser_crashed",
+            "failure_reason": f"reason {index}",
+            **({"cause_id": f"e{index + 1}"} if index < depth - 1 else {}),
+        }
+        for index in range(depth)
+    }
+    return write_lines(path, json.dumps({"_ng_failure_id": "e0", "_ng_failure_events": events}))
+
+
+def test_output_grows_linearly_with_chain_depth_and_still_reaches_the_root(tmp_path):
+    shallow = show_output(write_deep_chain(tmp_path / "shallow.jsonl", 2_000))
+    deep = show_output(write_deep_chain(tmp_path / "deep.jsonl", 4_000))
+    # Twice the events, about twice the text; nesting every level would make it four times.
+    assert len(deep) / len(shallow) < 3
+    assert "browser_crashed  model  e3999" in deep and "reason 3999" in deep
+    assert "the 3968 cause(s) below are drawn flat" in deep

@@ -31,6 +31,7 @@ from ng_otel.otel import names
 
 MAX_SHOWN_REASON: Final = 160  # a tree line is for a glance; the full reason is in the trace
 SHORT_ID: Final = 12
+MAX_NESTED_DEPTH: Final = 32  # levels a chain nests; its deeper causes are drawn flat, so output is linear
 MAX_LISTED_BAD: Final = 50  # skipped lines listed at the end; the rest are counted
 PROGRESS_AFTER: Final = 1.0  # seconds: a read shorter than this shows no progress bar
 
@@ -350,7 +351,10 @@ Line = list[tuple[str, str]]  # (text, rich style) segments
 
 def tree_lines(group: FailureGroup, *, full_ids: bool = False) -> list[Line]:
     """The group's tree, line by line: its title, then each chain from its top effect down to
-    its root cause, each child the cause of the node above. Every event is drawn once: a
+    its root cause, each child the cause of the node above. A chain nests ``MAX_NESTED_DEPTH``
+    levels at most: one line says the causes below are drawn flat, at that depth, each still the
+    cause of the one above, so a chain of 10,000 events (a report's bound) prints in lines of
+    bounded width, not 4 more characters a level. Every event is drawn once: a
     cause already drawn (a loop of causes, or a cause two effects share) is one line,
     ``↻ cause <id> already shown above``, and a loop that no top leads into is drawn from its
     first event."""
@@ -363,9 +367,13 @@ def tree_lines(group: FailureGroup, *, full_ids: bool = False) -> list[Line]:
         prefix = ""
         for depth, record in enumerate(chain):
             last = depth > 0 or number == len(chains)
+            if depth == MAX_NESTED_DEPTH:
+                flat = f"┆ the {len(chain) - depth} cause(s) below are drawn flat, each the cause of the one above"
+                lines.append([(prefix, "tree.line"), (flat, "dim")])
             lines.extend(_node_lines(group, record, prefix + ("└── " if last else "├── "), full_ids))
             lines[-1][0] = (prefix + ("    " if last else "│   "), "tree.line")
-            prefix += "    " if last else "│   "
+            if depth < MAX_NESTED_DEPTH:
+                prefix += "    " if last else "│   "
         if shown_cause is not None:
             shown_id = clean(shown_cause if full_ids else shown_cause[:SHORT_ID], 128)
             lines.append([(prefix + "└── ", "tree.line"), (f"↻ cause {shown_id} already shown above", "dim")])
