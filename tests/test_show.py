@@ -154,3 +154,34 @@ def test_output_grows_linearly_with_chain_depth_and_still_reaches_the_root(tmp_p
     assert len(deep) / len(shallow) < 3
     assert "browser_crashed  model  e3999" in deep and "reason 3999" in deep
     assert "the 3968 cause(s) below are drawn flat" in deep
+
+
+# -- which format a file is -----------------------------------------------------------------
+
+
+def saved_row(event_id: str) -> str:
+    record = {"event_id": event_id, "boundary": "agent", "failure_kind": "agent_run_error", "failure_reason": "r"}
+    return json.dumps({"_ng_failure_id": event_id, "_ng_failure_events": {event_id: record}})
+
+
+def test_the_first_decoded_line_decides_the_format_and_lines_of_the_other_are_skipped(tmp_path):
+    from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES
+
+    otlp_after_junk = write_lines(
+        tmp_path / "telemetry.jsonl",
+        "not json",
+        otlp_line("t1", otlp_event("e1")),
+        saved_row("r1"),
+        "[1]",
+    )
+    shown = show_output(otlp_after_junk)
+    assert "trace t1\n└── transport_timeout  model · ?  e1" in shown  # read as OTLP, not as rows
+    assert "1 failure chain group(s) shown" in shown
+    assert "line 1: skipped: not JSON" in shown
+    assert f"line 3: skipped: {ROW_AMONG_OTLP_LINES}\n" in shown
+    assert f"line 4: skipped: {ROW_AMONG_OTLP_LINES}\n" in shown
+
+    rows_with_otlp = write_lines(tmp_path / "rows.jsonl", saved_row("r1"), otlp_line("t1", otlp_event("e1")))
+    shown = show_output(rows_with_otlp)
+    assert "line 1\n└── agent_run_error  agent  r1" in shown and "e1" not in shown
+    assert f"line 2: skipped: {OTLP_LINE_AMONG_ROWS}\n" in shown

@@ -129,8 +129,28 @@ class _LazyProgress:
             self._progress.stop()
 
 
-def is_otlp(first: Any) -> bool:
-    return isinstance(first, dict) and any(key in first for key in ("resourceSpans", "resourceMetrics", "resourceLogs"))
+OTLP_LINE_AMONG_ROWS: Final = "an OTLP JSON line in a file of rows (its first JSON line decides)"
+ROW_AMONG_OTLP_LINES: Final = "not an OTLP JSON line in a file of OTLP JSON lines (its first JSON line decides)"
+
+
+def is_otlp(value: Any) -> bool:
+    """An OTLP JSON line: an object with ``resourceSpans``, ``resourceMetrics`` or ``resourceLogs``."""
+    return isinstance(value, dict) and (
+        "resourceSpans" in value or "resourceMetrics" in value or "resourceLogs" in value
+    )
+
+
+def groups_from_lines(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | SkippedLine]:
+    """Rows or OTLP JSON lines, as the first decoded JSON value says (the skipped lines before
+    it do not count, as in ``ng-otel summary``); a line of the other format is a skipped line."""
+    lines = iter(lines)
+    for number, value in lines:
+        if isinstance(value, SkippedLine):
+            yield value
+            continue
+        rest = itertools.chain([(number, value)], lines)
+        yield from groups_from_otlp(rest) if is_otlp(value) else groups_from_rows(rest)
+        return
 
 
 # -- rows ------------------------------------------------------------------------------------
@@ -140,6 +160,9 @@ def groups_from_rows(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup 
     for number, row in lines:
         if isinstance(row, SkippedLine):
             yield row
+            continue
+        if is_otlp(row):
+            yield SkippedLine(number, OTLP_LINE_AMONG_ROWS)
             continue
         try:
             report = read_row(row)
@@ -260,8 +283,8 @@ def groups_from_otlp(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup 
         if isinstance(data, SkippedLine):
             yield data
             continue
-        if not isinstance(data, dict):
-            yield SkippedLine(number, "not OTLP JSON: a line is a JSON object")
+        if not is_otlp(data):
+            yield SkippedLine(number, ROW_AMONG_OTLP_LINES)
             continue
         for trace_id, attributes, _ in otlp_failure_events(data, seen):
             if attributes is None:
@@ -515,8 +538,7 @@ def show_paths(
         if first is None:
             console.print(f"[dim]{escape(str(path))}: no rows[/dim]")
             continue
-        everything = itertools.chain([first], lines)
-        groups = groups_from_otlp(everything) if is_otlp(first[1]) else groups_from_rows(everything)
+        groups = groups_from_lines(itertools.chain([first], lines))
         result = show_groups(groups, console, kind=kind, boundary=boundary, limit=limit, full_ids=full_ids)
         more = f" (the first {limit}: --limit)" if result.more else ""
         console.print(f"{result.shown} failure chain group(s) shown from {escape(str(path))}{more}")
@@ -528,8 +550,11 @@ def show_paths(
 
 
 __all__ = [
+    "OTLP_LINE_AMONG_ROWS",
+    "ROW_AMONG_OTLP_LINES",
     "FailureGroup",
     "clean",
+    "groups_from_lines",
     "groups_from_otlp",
     "groups_from_rows",
     "is_otlp",
