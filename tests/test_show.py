@@ -185,3 +185,35 @@ def test_the_first_decoded_line_decides_the_format_and_lines_of_the_other_are_sk
     shown = show_output(rows_with_otlp)
     assert "line 1\n└── agent_run_error  agent  r1" in shown and "e1" not in shown
     assert f"line 2: skipped: {OTLP_LINE_AMONG_ROWS}\n" in shown
+
+
+# -- file names -----------------------------------------------------------------------------
+
+
+def test_file_names_print_literally_with_control_characters_replaced(tmp_path, ng_otel_cli):
+    (tmp_path / "[").mkdir()
+    names = ["[/x].jsonl", "[red]x.jsonl", "esc\x1b[31mRED.jsonl", "back\\"]
+    for name in names[:3]:
+        write_lines(tmp_path / name, saved_row("r1"))
+    (tmp_path / names[3]).write_text("")  # empty: its own line, "no rows"
+    done = ng_otel_cli("show", *names, cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "\x1b" not in done.stdout  # no escape sequence of a name reaches the terminal
+    closing = [line for line in done.stdout.splitlines() if "shown from" in line or "no rows" in line]
+    assert closing == [
+        "1 failure chain group(s) shown from [/x].jsonl",
+        "1 failure chain group(s) shown from [red]x.jsonl",
+        "1 failure chain group(s) shown from esc\N{REPLACEMENT CHARACTER}[31mRED.jsonl",
+        "back\\: no rows",
+    ]
+
+
+def test_the_progress_bar_prints_a_file_name_literally(tmp_path, monkeypatch):
+    from ng_otel.cli import show
+    from ng_otel.cli.summary import summarise
+
+    path = write_lines(tmp_path / "esc\x1b[31m[red]RED.jsonl", saved_row("r1"))
+    monkeypatch.setattr(show, "PROGRESS_AFTER", 0.0)  # the bar at once: summary keeps its bar
+    terminal = io.StringIO()
+    summarise([path], Console(file=terminal, force_terminal=True, width=200))
+    assert "summarising esc\N{REPLACEMENT CHARACTER}[31m[red]RED.jsonl" in terminal.getvalue()

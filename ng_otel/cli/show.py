@@ -32,6 +32,7 @@ from ng_otel.otel import names
 MAX_SHOWN_REASON: Final = 160  # a tree line is for a glance; the full reason is in the trace
 SHORT_ID: Final = 12
 MAX_NESTED_DEPTH: Final = 32  # levels a chain nests; its deeper causes are drawn flat, so output is linear
+MAX_SHOWN_PATH: Final = 4096  # PATH_MAX: a file's name is printed whole
 MAX_LISTED_BAD: Final = 50  # skipped lines listed at the end; the rest are counted
 PROGRESS_AFTER: Final = 1.0  # seconds: a read shorter than this shows no progress bar
 
@@ -72,7 +73,7 @@ def scan_file(path: Path, console: Console | None, description: str) -> Iterator
             size = path.stat().st_size
         except OSError:
             size = 0
-        progress = _LazyProgress(console, f"{description} {escape(path.name)}", size or None, stream)
+        progress = _LazyProgress(console, f"{description} {clean(path.name, MAX_SHOWN_PATH)}", size or None, stream)
         try:
             # The bar moves as chunks are read, so a line costs nothing more than its reading.
             yield from read_json_lines(progress if progress.shown_on_terminal else stream)
@@ -108,7 +109,7 @@ class _LazyProgress:
             if time.monotonic() < self._show_at:
                 return
             self._progress = Progress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),  # it holds a file's name
                 BarColumn(),
                 TextColumn("{task.percentage:>3.0f}%"),
                 TimeElapsedColumn(),
@@ -533,19 +534,20 @@ def show_paths(
 ) -> int:
     """``ng-otel show``: each file's chains, then a closing line and its skipped lines."""
     for path in paths:
+        name = clean(str(path), MAX_SHOWN_PATH)  # printed as text (never markup), control characters replaced
         lines = scan_file(path, console, "reading")
         first = next(lines, None)
         if first is None:
-            console.print(f"[dim]{escape(str(path))}: no rows[/dim]")
+            console.print(Text(f"{name}: no rows", "dim"))
             continue
         groups = groups_from_lines(itertools.chain([first], lines))
         result = show_groups(groups, console, kind=kind, boundary=boundary, limit=limit, full_ids=full_ids)
         more = f" (the first {limit}: --limit)" if result.more else ""
-        console.print(f"{result.shown} failure chain group(s) shown from {escape(str(path))}{more}")
+        console.print(Text(f"{result.shown} failure chain group(s) shown from {name}{more}"))
         for item in result.bad:
-            console.print(f"[red]line {item.line}: skipped: {printable(item.reason, 200)}[/red]")
+            console.print(Text(f"line {item.line}: skipped: {clean(item.reason, 200)}", "red"))
         if result.bad_count > len(result.bad):
-            console.print(f"[red]... and {result.bad_count - len(result.bad)} more skipped line(s)[/red]")
+            console.print(Text(f"... and {result.bad_count - len(result.bad)} more skipped line(s)", "red"))
     return 0
 
 
