@@ -430,3 +430,21 @@ def test_a_file_named_twice_is_summarised_once(tmp_path):
     expected = mixed_rows.write_mixed_rows(path, 40)
     (tmp_path / "link.jsonl").symlink_to(path)  # the same file under another name, as a glob may give
     assert summarise([path, path, tmp_path / "link.jsonl"]).to_json() == expected
+
+
+def test_the_first_json_line_decides_the_format_and_a_line_of_the_other_is_skipped(tmp_path):
+    from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES
+    from ng_otel.cli.summary import summarise
+
+    otlp_line = _otlp_span_line("t1", ("e1", "transport_timeout"))
+    row_line = orjson.dumps({"_ng_failure_class": "agent_run_error"})
+    otlp_first = tmp_path / "otlp.jsonl"
+    otlp_first.write_bytes(b"not json\n" + otlp_line + b"\n" + row_line + b"\n")
+    got = summarise([otlp_first])
+    assert (got.rows, got.events, got.skipped) == (1, 1, 2)  # a skipped first line decides nothing
+    assert [line.reason for _, line in got.skipped_lines][1] == ROW_AMONG_OTLP_LINES
+    rows_first = tmp_path / "rows.jsonl"
+    rows_first.write_bytes(row_line + b"\n" + otlp_line + b"\n")
+    got = summarise([rows_first])
+    assert (got.rows, got.events, got.skipped) == (1, 1, 1)  # not counted as a healthy row
+    assert got.skipped_lines[0][1].reason == OTLP_LINE_AMONG_ROWS

@@ -18,7 +18,15 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from ng_otel.cli.show import clean, is_otlp, otlp_failure_events, printable, scan_file
+from ng_otel.cli.show import (
+    OTLP_LINE_AMONG_ROWS,
+    ROW_AMONG_OTLP_LINES,
+    clean,
+    is_otlp,
+    otlp_failure_events,
+    printable,
+    scan_file,
+)
 from ng_otel.contract.classify import classify_failure
 from ng_otel.contract.rows import SkippedLine, class_row_failure, read_row, row_masked, row_terminal
 from ng_otel.otel import names
@@ -122,6 +130,9 @@ class Summary:
         except ValueError as error:
             self.skip(where, SkippedLine(number, str(error)))
             return
+        if failure is None and report is None and is_otlp(value):  # asked of healthy rows only
+            self.skip(where, SkippedLine(number, OTLP_LINE_AMONG_ROWS))
+            return
         self.rows += 1
         if row_masked(value):
             self.masked += 1
@@ -192,8 +203,8 @@ class Summary:
 
     def add_otlp(self, value: Any, number: int, where: str = "") -> None:
         """One OTLP JSON line: a trace is a row; each ``ng.failure`` event once, by id."""
-        if not isinstance(value, dict):
-            self.skip(where, SkippedLine(number, "not OTLP JSON: a line is a JSON object"))
+        if not is_otlp(value):
+            self.skip(where, SkippedLine(number, ROW_AMONG_OTLP_LINES))
             return
         for trace_id, attributes, time in otlp_failure_events(value, self._traces):
             if attributes is None:
