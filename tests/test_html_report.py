@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ng_otel.cli.report import CHART_IDS, render_page
+from ng_otel.cli.report import CHART_IDS, charts_of, render_page
 from ng_otel.cli.summary import Summary
 from ng_otel.otel import names
 
@@ -109,3 +109,40 @@ def test_text_from_a_file_never_becomes_markup_in_the_page():
     assert summary.events == 1 and summary.failed_rows == 1
     assert "<img" not in page and "<a href" not in page and page.count("</script>") == 3
     assert "&lt;img src=x" in page  # the chains and the file list, escaped as text
+
+
+def failure_event_line(event_id: str, time: str) -> dict:
+    """One OTLP JSON line: a span with one ``ng.failure`` event at ``time`` (unix ns, as text)."""
+    attributes = [
+        {"key": names.ID, "value": {"stringValue": event_id}},
+        {"key": names.KIND, "value": {"stringValue": "transport_timeout"}},
+        {"key": names.BOUNDARY, "value": {"stringValue": "model"}},
+    ]
+    event = {"name": names.EVENT, "timeUnixNano": time, "attributes": attributes}
+    return {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "t1", "events": [event]}]}]}]}
+
+
+MINUTE_NS = 60 * 10**9
+
+
+@pytest.mark.parametrize(
+    "time",
+    [
+        "253402300800000000000",  # year 10000
+        "-99999999999999999999",  # before year 1
+        str(2**70),
+        "99999999999999999999999999",  # past what the C library's time functions take
+    ],
+)
+def test_event_times_no_date_can_show_are_left_out_of_the_over_time_chart_only(time):
+    summary = Summary()
+    for number, (event_id, when) in enumerate(
+        [("a", str(MINUTE_NS)), ("b", str(2 * MINUTE_NS)), ("c", time), ("d", time)], start=1
+    ):
+        summary.add_otlp(failure_event_line(event_id, when), number)
+    charts = charts_of(summary.finish())
+    over_time = charts["over-time"]["data"][0]
+    assert over_time["x"] == ["1970-01-01T00:01:00+00:00", "1970-01-01T00:02:00+00:00"]
+    assert over_time["y"] == [1, 1]
+    assert charts["by-kind"]["data"][0]["y"] == [4]  # every event still counts everywhere else
+    assert 'id="over-time"' in render_page(summary, "/* plotly */")

@@ -137,16 +137,16 @@ def charts_of(summary: Summary) -> dict[str, dict[str, Any]]:
             ],
             "layout": {},
         }
-    if len(s.over_time) > 1:
-        minutes = sorted(key for key in s.over_time if isinstance(key, int))
+    times = [(when, s.over_time[minute]) for minute in sorted(s.over_time) if (when := _minute_text(minute))]
+    if len(times) > 1:
         charts["over-time"] = {
             "title": "Failures over the run (per minute)",
             "data": [
                 {
                     "type": "scatter",
                     "mode": "lines+markers",
-                    "x": [datetime.datetime.fromtimestamp(m * 60, datetime.timezone.utc).isoformat() for m in minutes],
-                    "y": [s.over_time[m] for m in minutes],
+                    "x": [when for when, _ in times],
+                    "y": [count for _, count in times],
                 }
             ],
             "layout": {},
@@ -154,6 +154,20 @@ def charts_of(summary: Summary) -> dict[str, dict[str, Any]]:
     for chart in charts.values():
         chart["layout"] = {"title": {"text": chart.pop("title")}, "height": 420, **chart["layout"]}
     return charts
+
+
+_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _minute_text(minute: Any) -> str | None:
+    """A unix minute as an ISO date, or ``None`` for one no date can show (an event time past
+    year 9999 or before year 1, or the ``_other`` of a full table)."""
+    if not isinstance(minute, int):
+        return None
+    try:
+        return (_EPOCH + datetime.timedelta(minutes=minute)).isoformat()
+    except OverflowError:
+        return None
 
 
 def _chain_html(chain: Chain, count: int, failed: int) -> str:
