@@ -64,10 +64,11 @@ class FailureGroup:
 # -- reading ---------------------------------------------------------------------------------
 
 
-def scan_file(path: Path, console: Console | None, description: str) -> Iterator[tuple[int, Any]]:
+def scan_file(path: Path, console: Console | None = None, description: str = "reading") -> Iterator[tuple[int, Any]]:
     """(line number, decoded JSON value or ``SkippedLine``) for each non-blank line of ``path``,
-    lines bounded (``read_json_lines``); on a terminal, a progress bar once the read has taken
-    a second."""
+    lines bounded (``read_json_lines``); with a ``console`` on a terminal, a progress bar once
+    the read has taken a second. Without one, no bar: ``show`` prints trees as it reads, and a
+    live bar would redraw itself at each of them."""
     with path.open("rb") as stream:
         try:
             size = path.stat().st_size
@@ -535,7 +536,7 @@ def show_paths(
     """``ng-otel show``: each file's chains, then a closing line and its skipped lines."""
     for path in paths:
         name = clean(str(path), MAX_SHOWN_PATH)  # printed as text (never markup), control characters replaced
-        lines = scan_file(path, console, "reading")
+        lines = scan_file(path)  # no progress bar: the trees are the progress
         first = next(lines, None)
         if first is None:
             console.print(Text(f"{name}: no rows", "dim"))
