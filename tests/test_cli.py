@@ -228,6 +228,35 @@ def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp, ng_otel_cli)
     assert otlp.wait_for(lambda: len(otlp.failure_events()) == 4)
 
 
-def test_a_missing_file_is_a_clear_error(tmp_path, ng_otel_cli):
-    done = ng_otel_cli("show", str(tmp_path / "nope.jsonl"))
-    assert done.returncode == 2 and "no such file" in done.stdout
+@pytest.mark.parametrize("name", ["[/x].jsonl", "[red]x.jsonl", "esc\x1b[31mRED.jsonl"])
+def test_kinds_check_prints_a_file_name_literally(tmp_path, ng_otel_cli, name):
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"_ng_failure_class": "transport_timeout"}) + "\n")
+    done = ng_otel_cli("kinds", "--check", name, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = name.replace("\x1b", "\N{REPLACEMENT CHARACTER}")  # no escape sequence reaches the terminal
+    assert f"every failure_kind in {shown} is registered or namespaced" in done.stdout
+
+
+# A name rich would read as markup, with an escape sequence a terminal would obey.
+HOSTILE_NAME = "[/x]esc\x1b[31mRED.jsonl"
+
+
+@pytest.mark.parametrize(
+    "command", [["show"], ["kinds", "--check"], ["replay"], ["summary"], ["report", "-o", "report.html"]]
+)
+def test_a_missing_file_is_one_line_on_stderr_naming_it_literally(tmp_path, ng_otel_cli, command):
+    done = ng_otel_cli(*command, HOSTILE_NAME, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    shown = HOSTILE_NAME.replace("\x1b", "\N{REPLACEMENT CHARACTER}")
+    assert done.stdout == "" and done.stderr == f"ng-otel: {shown}: no such file\n"
+
+
+@pytest.mark.parametrize("limit", ["-1", "x", "1.5"])
+def test_show_limit_says_what_it_takes(rows_file, ng_otel_cli, limit):
+    done = ng_otel_cli("show", str(rows_file), "--limit", limit)
+    assert done.returncode == 2 and done.stdout == ""
+    assert f"argument --limit: expected a whole number, 0 or more, not '{limit}'" in done.stderr
+    nothing = ng_otel_cli("show", str(rows_file), "--limit", "0")  # 0 is taken, as before: no tree
+    assert nothing.returncode == 0 and "0 failure chain group(s) shown" in nothing.stdout

@@ -2,6 +2,8 @@
 chart drawn, nothing on the console; text from a file never becomes markup in it."""
 
 import importlib.util
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ng_otel.cli import main
 from ng_otel.cli.report import CHART_IDS, charts_of, render_page
 from ng_otel.cli.summary import Summary
 from ng_otel.otel import names
@@ -146,3 +149,62 @@ def test_event_times_no_date_can_show_are_left_out_of_the_over_time_chart_only(t
     assert over_time["y"] == [1, 1]
     assert charts["by-kind"]["data"][0]["y"] == [4]  # every event still counts everywhere else
     assert 'id="over-time"' in render_page(summary, "/* plotly */")
+
+
+@pytest.fixture
+def rows_file(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"_ng_failure_class": "transport_timeout"}) + "\n")
+    return path
+
+
+def one_line_on_stderr(capsys) -> str:
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    return err
+
+
+@pytest.mark.parametrize("where", ["a folder", "in a missing folder", "/proc/version"])
+def test_an_output_that_cannot_be_written_is_named_as_the_output(rows_file, tmp_path, capsys, where):
+    output = {
+        "a folder": tmp_path,
+        "in a missing folder": tmp_path / "missing" / "report.html",
+        "/proc/version": Path("/proc/version"),  # opens (or is refused), then fails to write
+    }[where]
+    assert main(["report", str(rows_file), "-o", str(output)]) == 2
+    assert one_line_on_stderr(capsys).startswith(f"ng-otel: cannot write {output}: ")
+
+
+def test_report_refuses_to_write_over_one_of_its_inputs_under_any_name(rows_file, tmp_path, capsys, monkeypatch):
+    before = rows_file.read_bytes()
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(before)
+    (tmp_path / "symlink.jsonl").symlink_to(rows_file)
+    os.link(rows_file, tmp_path / "hardlink.jsonl")
+    monkeypatch.chdir(tmp_path)
+    for output in (
+        "rows.jsonl",
+        str(rows_file),
+        "symlink.jsonl",
+        "hardlink.jsonl",
+        "../" + tmp_path.name + "/rows.jsonl",
+    ):
+        assert main(["report", str(other), str(rows_file), "-o", output]) == 2, output
+        assert f"cannot write {output}: it is the input {rows_file}" in one_line_on_stderr(capsys)
+    assert rows_file.read_bytes() == before
+    assert main(["report", str(other), "-o", "report.html"]) == 0  # a new file beside them is fine
+
+
+def test_without_plotly_report_says_how_to_install_it_on_stderr(rows_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("ng_otel.cli.report.plotly_js", lambda: None)
+    assert main(["report", str(rows_file), "-o", str(tmp_path / "report.html")]) == 2
+    assert "pip install 'ng-otel[report]'" in one_line_on_stderr(capsys)
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_report_names_its_output_literally(rows_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    name = "[red]esc\x1b[31m.html"  # markup rich would read, an escape sequence a terminal would obey
+    assert main(["report", str(rows_file), "-o", name]) == 0
+    shown = name.replace("\x1b", "\N{REPLACEMENT CHARACTER}")
+    assert capsys.readouterr().out.startswith(f"report: {shown} (")

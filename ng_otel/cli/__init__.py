@@ -13,15 +13,16 @@ ng-otel doctor                 what ng_otel would do with this environment, and 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from ng_otel.contract.kinds import FAILURE_KINDS, is_namespaced, is_registered
+from ng_otel.contract.rows import read_row
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -44,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     show_parser.add_argument("file", type=Path, nargs="+")
     show_parser.add_argument("--kind", help="only chains with an event of this failure_kind")
     show_parser.add_argument("--boundary", help="only chains with an event at this boundary")
-    show_parser.add_argument("--limit", type=_count, metavar="N", help="show at most N chain groups per file")
+    show_parser.add_argument("--limit", type=_at_least_zero, metavar="N", help="show at most N chain groups per file")
     show_parser.add_argument("--full-ids", action="store_true", help="whole event ids (what Jaeger searches)")
     summary = commands.add_parser("summary", help="what failed, where and why, in rows or OTLP JSON lines")
     summary.add_argument("files", type=Path, nargs="+", metavar="FILE")
@@ -79,26 +80,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("summary", "report"):
             from ng_otel.cli.summary import summary_command
 
+            if args.command == "report":
+                from ng_otel.cli.report import output_problem
+
+                problem = output_problem(args.output, args.files)
+                if problem is not None:
+                    return usage_error(problem)
             return summary_command(args, console)
         if args.command == "doctor":
             from ng_otel.cli.doctor import run_doctor
 
             return run_doctor(console)
         return show_kinds(console, args.check)
-    except FileNotFoundError as error:
-        console.print(f"[red]ng-otel: no such file: {escape(str(error.filename))}[/red]")
-        return EXIT_USAGE
-    except OSError as error:  # a folder, no permission: one line, no traceback
-        console.print(f"[red]ng-otel: cannot read {escape(str(error.filename))}: {escape(error.strerror or '')}[/red]")
-        return EXIT_USAGE
+    except OSError as error:  # a missing file, a folder, no permission: one line, no traceback
+        problem = _os_problem(error)
+        return usage_error(problem if error.filename is None else f"{error.filename}: {problem}")
     except KeyboardInterrupt:
         return EXIT_FAILED
 
 
-def _count(text: str) -> int:
-    value = int(text)
+def usage_error(message: str) -> int:
+    """``message`` as one line on stderr, control characters replaced; the usage exit status."""
+    from ng_otel.cli.show import clean
+
+    sys.stderr.write(f"ng-otel: {clean(message, 1000)}\n")
+    sys.stderr.flush()
+    return EXIT_USAGE
+
+
+def _os_problem(error: OSError) -> str:
+    if isinstance(error, FileNotFoundError):
+        return "no such file"
+    if isinstance(error, IsADirectoryError):
+        return "is a folder, not a file"
+    return error.strerror or str(error)
+
+
+def _at_least_zero(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
     if value < 0:
-        raise ValueError(text)
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {text!r}")
     return value
 
 
@@ -110,6 +134,8 @@ def show_kinds(console: Console, check: Path | None) -> int:
         console.print(table)
         console.print("An environment's own kind is namespaced: <server>:<kind>.")
         return EXIT_OK
+    from ng_otel.cli.show import printable
+
     unregistered: Counter[str] = Counter()
     first_line: dict[str, int] = {}
     for number, kind in _kinds_in(check, console):
@@ -117,9 +143,8 @@ def show_kinds(console: Console, check: Path | None) -> int:
             unregistered[kind] += 1
             first_line.setdefault(kind, number)
     if not unregistered:
-        console.print(f"every failure_kind in {check} is registered or namespaced")
+        console.print(f"every failure_kind in {printable(str(check), 500)} is registered or namespaced")
         return EXIT_OK
-    from ng_otel.cli.show import printable
 
     table = Table("failure_kind", "count", "first line", title="unregistered failure kinds")
     for kind, count in unregistered.most_common():
@@ -130,7 +155,6 @@ def show_kinds(console: Console, check: Path | None) -> int:
 
 def _kinds_in(path: Path, console: Console) -> Iterator[tuple[int, str]]:
     from ng_otel.cli.show import scan_file
-    from ng_otel.contract.rows import read_row
 
     for number, value in scan_file(path, console, "checking"):
         try:

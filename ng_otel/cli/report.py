@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import datetime
 import html
+import os
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 from rich.console import Console
-from rich.markup import escape
 
+from ng_otel.cli.show import printable
 from ng_otel.cli.summary import NO_STAGE, Chain, Summary
 from ng_otel.otel import names
 
@@ -35,15 +37,33 @@ def plotly_js() -> str | None:
 
 
 def write_report(summary: Summary, output: Path, console: Console) -> int:
+    from ng_otel.cli import usage_error
+
     script = plotly_js()
     if script is None:
-        console.print(f"[red]ng-otel report needs plotly to draw its charts: {escape(REPORT_INSTALL)}[/red]")
-        return 2
+        return usage_error(f"report needs plotly to draw its charts: {REPORT_INSTALL}")
     page = render_page(summary, script)
-    output.write_text(page, encoding="utf-8")
+    try:
+        output.write_text(page, encoding="utf-8")
+    except OSError as error:
+        return usage_error(f"cannot write {output}: {error.strerror or error}")
     charts = len(charts_of(summary))
-    console.print(f"report: {escape(str(output))} ({charts} charts, {len(summary.top_chains(TOP_CHAINS))} chains)")
+    console.print(
+        f"report: {printable(str(output), 500)} ({charts} charts, {len(summary.top_chains(TOP_CHAINS))} chains)"
+    )
     return 0
+
+
+def output_problem(output: Path, inputs: Iterable[Path]) -> str | None:
+    """Why the report must not be written to ``output`` (it is one of the ``inputs``, under any
+    name: a link, a relative path), or ``None``."""
+    for path in inputs:
+        try:
+            if os.path.samefile(output, path):
+                return f"cannot write {output}: it is the input {path} (choose another -o)"
+        except OSError:  # either is missing: not the same file
+            continue
+    return None
 
 
 def _label(text: Any) -> str:
