@@ -232,3 +232,21 @@ def test_show_on_a_terminal_starts_no_progress_bar(tmp_path, monkeypatch):
     shown = show_output(path, terminal=True)
     assert "reading rows.jsonl" not in shown and "0:00:00" not in shown
     assert "agent_run_error" in shown and "50 failure chain group(s) shown" in shown
+
+
+def test_a_terminal_gets_the_pipes_text_with_styles(tmp_path):
+    import re
+
+    hostile = {"event_id": "h1", "boundary": "agent", "failure_kind": "agent_run_error"}
+    path = write_lines(
+        tmp_path / "rows.jsonl",
+        saved_row("r1"),
+        # An empty reason: its line is blank, and blank it stays on a terminal too.
+        json.dumps({"_ng_failure_id": "h1", "_ng_failure_events": {"h1": {**hostile, "failure_reason": ""}}}),
+        json.dumps(
+            {"_ng_failure_id": "h1", "_ng_failure_events": {"h1": {**hostile, "failure_reason": "[/red]\x1b "}}}
+        ),
+    )
+    terminal = show_output(path, terminal=True)
+    assert "\x1b[1magent_run_error\x1b[0m" in terminal  # the kind in bold, as rich prints it
+    assert re.sub(r"\x1b\[[0-9;]*m", "", terminal) == show_output(path)
