@@ -211,6 +211,63 @@ def test_kinds_lists_the_vocabulary_and_check_finds_unregistered_kinds(rows_file
     assert "browser_crashed" in check.stdout and "swe:patch_failed" not in check.stdout
 
 
+def table_row(*cells: str) -> str:
+    """The first cells of a row of a rich table, as it reads with the terminal's spacing undone."""
+    return "│ " + " │ ".join(cells) + " │"
+
+
+def test_kinds_check_lists_malformed_kinds_and_the_lines_it_could_not_check(tmp_path, ng_otel_cli):
+    path = tmp_path / "rows.jsonl"
+    record = {"event_id": "e1", "boundary": "model", "failure_kind": "Transport-Timeout", "failure_reason": "slow"}
+    saved = {"_ng_failure_id": "e1", "_ng_failure_events": {"e1": record}}
+    lines = [
+        json.dumps({"_ng_failure_class": "TransportTimeout"}),  # 0.7.0's class, malformed
+        json.dumps(saved),  # a saved report's kind, malformed
+        "{not json",  # could hold any kind
+        json.dumps({"_ng_failure_class": "transport_timeout"}),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    done = ng_otel_cli("kinds", "--check", str(path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = " ".join(done.stdout.split())
+    assert table_row("TransportTimeout", "malformed", "1", "1") in out
+    assert table_row("Transport-Timeout", "malformed", "1", "2") in out
+    assert "line 3: skipped: not JSON" in out and "1 line(s) of" in out
+    assert "line 1: skipped" not in out and "line 2: skipped" not in out  # listed as malformed, not as skipped
+    assert "every failure_kind" not in out
+
+
+def test_kinds_check_reads_the_kinds_of_otlp_json_lines(demo, tmp_path, ng_otel_cli):
+    _, out = demo
+    telemetry = (out / "telemetry.jsonl").read_text()
+    clean = ng_otel_cli("kinds", "--check", str(out / "telemetry.jsonl"))
+    assert clean.returncode == 0 and "is registered or namespaced" in clean.stdout, clean.stdout + clean.stderr
+    # Every export twice (a retried export): each event is counted once, as summary counts it.
+    made_up = tmp_path / "made_up.jsonl"
+    made_up.write_text(2 * telemetry.replace('"transport_timeout"', '"made_up_kind"'))
+    malformed = tmp_path / "malformed.jsonl"
+    malformed.write_text(2 * telemetry.replace('"transport_timeout"', '"Transport-Timeout"'))
+    events = json.loads(ng_otel_cli("summary", "--json", str(out / "telemetry.jsonl")).stdout)["by_kind"]
+    for path, kind, problem in (
+        (made_up, "made_up_kind", "unregistered"),
+        (malformed, "Transport-Timeout", "malformed"),
+    ):
+        done = ng_otel_cli("kinds", "--check", str(path))
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert table_row(kind, problem, str(events["transport_timeout"])) in " ".join(done.stdout.split())
+
+
+@pytest.mark.parametrize("name", ["[/x].jsonl", "[red]x.jsonl", "esc\x1b[31mRED.jsonl"])
+def test_kinds_check_prints_a_file_name_literally(tmp_path, ng_otel_cli, name):
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"_ng_failure_class": "transport_timeout"}) + "\n")
+    done = ng_otel_cli("kinds", "--check", name, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = name.replace("\x1b", "\N{REPLACEMENT CHARACTER}")  # no escape sequence reaches the terminal
+    assert f"every failure_kind in {shown} is registered or namespaced" in done.stdout
+
+
 def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp, ng_otel_cli):
     done = ng_otel_cli(
         "replay",
@@ -226,17 +283,6 @@ def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp, ng_otel_cli)
     closing = " ".join(done.stdout.split())
     assert "replayed 5 rows: 2 with failures, 4 events exported, 0 failed to export, 2 skipped" in closing
     assert otlp.wait_for(lambda: len(otlp.failure_events()) == 4)
-
-
-@pytest.mark.parametrize("name", ["[/x].jsonl", "[red]x.jsonl", "esc\x1b[31mRED.jsonl"])
-def test_kinds_check_prints_a_file_name_literally(tmp_path, ng_otel_cli, name):
-    path = tmp_path / name
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"_ng_failure_class": "transport_timeout"}) + "\n")
-    done = ng_otel_cli("kinds", "--check", name, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    shown = name.replace("\x1b", "\N{REPLACEMENT CHARACTER}")  # no escape sequence reaches the terminal
-    assert f"every failure_kind in {shown} is registered or namespaced" in done.stdout
 
 
 # A name rich would read as markup, with an escape sequence a terminal would obey.

@@ -6,23 +6,27 @@ ng-otel receive [--out FILE]   a local OTLP receiver: your servers' failure chai
 ng-otel show FILE              rows or OTLP JSON lines as failure-chain trees
 ng-otel summary FILE...        what failed, where and why: counts by kind, boundary, class, root
 ng-otel report FILE... -o F    the summary as one self-contained HTML page of charts and trees
-ng-otel kinds [--check FILE]   the shared vocabulary; unregistered kinds in saved rows
+ng-otel kinds [--check FILE]   the shared vocabulary; unregistered or malformed kinds in a file
 ng-otel doctor                 what ng_otel would do with this environment, and whether it gets anywhere
 """
 
 from __future__ import annotations
 
 import argparse
+import reprlib
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from ng_otel.contract.kinds import FAILURE_KINDS, is_namespaced, is_registered
-from ng_otel.contract.rows import read_row
+from ng_otel.contract.kinds import FAILURE_KINDS, is_namespaced, is_registered, is_well_formed
+from ng_otel.contract.records import ROW_EVENTS
+from ng_otel.contract.rows import ROW_FAILURE_CLASS, SkippedLine, has_saved_report, read_row
+from ng_otel.otel import names
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -55,7 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="default: report.html")
     commands.add_parser("doctor", help="what ng_otel would do here: settings, providers, exporters (exit 1: nowhere)")
     kinds = commands.add_parser("kinds", help="the shared failure-kind vocabulary")
-    kinds.add_argument("--check", type=Path, metavar="FILE", help="list unregistered kinds in saved rows (exit 1)")
+    kinds.add_argument(
+        "--check",
+        type=Path,
+        metavar="FILE",
+        help="list unregistered or malformed kinds in rows or OTLP JSON lines, and lines it could not check (exit 1)",
+    )
     args = parser.parse_args(argv)
     console = Console(highlight=False)
     try:
@@ -136,30 +145,106 @@ def show_kinds(console: Console, check: Path | None) -> int:
         return EXIT_OK
     from ng_otel.cli.show import printable
 
-    unregistered: Counter[str] = Counter()
-    first_line: dict[str, int] = {}
-    for number, kind in _kinds_in(check, console):
-        if not is_registered(kind) and not is_namespaced(kind):
-            unregistered[kind] += 1
-            first_line.setdefault(kind, number)
-    if not unregistered:
-        console.print(f"every failure_kind in {printable(str(check), 500)} is registered or namespaced")
-        return EXIT_OK
+    found = KindCheck()
+    found.read(check, console)
+    if found.kinds:
+        table = Table("failure_kind", "problem", "count", "first line", title="failure kinds to fix")
+        for (kind, problem), count in found.kinds.most_common():
+            table.add_row(printable(kind, 80), problem, str(count), str(found.first_line[kind, problem]))
+        console.print(table)
+        if any(problem == MALFORMED for _, problem in found.kinds):
+            console.print(f"{MALFORMED}: not <domain>_<condition> or <server>:<kind>; no backend can label it")
+    for line in found.skipped:
+        console.print(f"[red]line {line.line}: skipped: {printable(line.reason, 200)}[/red]")
+    if found.skipped_count > len(found.skipped):
+        console.print(f"[red]... and {found.skipped_count - len(found.skipped)} more skipped line(s)[/red]")
+    if found.skipped_count:
+        console.print(f"{found.skipped_count} line(s) of {printable(str(check), 500)} could not be checked")
+    if found.kinds or found.skipped_count:
+        return EXIT_FAILED
+    console.print(f"every failure_kind in {printable(str(check), 500)} is registered or namespaced")
+    return EXIT_OK
 
-    table = Table("failure_kind", "count", "first line", title="unregistered failure kinds")
-    for kind, count in unregistered.most_common():
-        table.add_row(printable(kind, 80), str(count), str(first_line[kind]))
-    console.print(table)
-    return EXIT_FAILED
+
+UNREGISTERED, MALFORMED = "unregistered", "malformed"
 
 
-def _kinds_in(path: Path, console: Console) -> Iterator[tuple[int, str]]:
-    from ng_otel.cli.show import scan_file
+class KindCheck:
+    """The failure kinds of one file of rows or OTLP JSON lines that are not registered or
+    namespaced, by (kind, problem), and the lines that could not be checked."""
 
-    for number, value in scan_file(path, console, "checking"):
+    def __init__(self) -> None:
+        self.kinds: Counter[tuple[str, str]] = Counter()
+        self.first_line: dict[tuple[str, str], int] = {}
+        self.skipped: list[SkippedLine] = []  # the first MAX_LISTED_BAD
+        self.skipped_count = 0
+        self._counted_ids: set[str] = set()  # an OTLP event is both a span event and a log record
+
+    def read(self, path: Path, console: Console) -> None:
+        from ng_otel.cli.show import is_otlp, scan_file
+
+        otlp: bool | None = None
+        for number, value in scan_file(path, console, "checking"):
+            if isinstance(value, SkippedLine):
+                self.skip(value)
+                continue
+            if otlp is None:
+                otlp = is_otlp(value)
+            if otlp:
+                self._otlp_line(number, value)
+            else:
+                self._row(number, value)
+
+    def skip(self, line: SkippedLine) -> None:
+        from ng_otel.cli.show import MAX_LISTED_BAD
+
+        self.skipped_count += 1
+        if len(self.skipped) < MAX_LISTED_BAD:
+            self.skipped.append(line)
+
+    def _row(self, number: int, row: Any) -> None:
         try:
-            report = read_row(value)
-        except ValueError:
-            continue
+            report = read_row(row)
+        except ValueError as error:
+            # The kinds a row that does not validate names are still checked; a line whose
+            # problem is not a malformed kind could hide any kind, so it is reported too.
+            if MALFORMED not in {self._check(number, kind) for kind in _saved_kinds(row)}:
+                self.skip(SkippedLine(number, str(error)))
+            return
         for record in report.events.values() if report is not None else ():
-            yield number, record["failure_kind"]
+            self._check(number, record["failure_kind"])
+
+    def _otlp_line(self, number: int, data: Any) -> None:
+        from ng_otel.cli.show import otlp_failure_events
+
+        if not isinstance(data, dict):
+            self.skip(SkippedLine(number, "not OTLP JSON: a line is a JSON object"))
+            return
+        for _, attributes, _ in otlp_failure_events(data, set()):
+            if attributes is None:
+                self.skip(SkippedLine(number, "an ng.failure event without its id, kind or boundary"))
+            elif attributes[names.ID] not in self._counted_ids:
+                if self._check(number, attributes[names.KIND]) is not None:
+                    self._counted_ids.add(attributes[names.ID])
+
+    def _check(self, number: int, kind: Any) -> str | None:
+        """Count ``kind`` when it is not registered or namespaced; its problem, or ``None``."""
+        if is_registered(kind) or is_namespaced(kind):
+            return None
+        problem = UNREGISTERED if is_well_formed(kind) else MALFORMED
+        key = (kind if isinstance(kind, str) else reprlib.repr(kind), problem)
+        self.kinds[key] += 1
+        self.first_line.setdefault(key, number)
+        return problem
+
+
+def _saved_kinds(row: Any) -> list[Any]:
+    """The failure kinds a row names, read as ``row_report`` reads them but without validating
+    anything: a saved report's events' kinds (the report wins), else 0.7.0's class."""
+    if not isinstance(row, dict):
+        return []
+    if has_saved_report(row):
+        events = row.get(ROW_EVENTS)
+        records = events.values() if isinstance(events, dict) else ()
+        return [record["failure_kind"] for record in records if isinstance(record, dict) and "failure_kind" in record]
+    return [row[ROW_FAILURE_CLASS]] if ROW_FAILURE_CLASS in row else []
