@@ -376,13 +376,14 @@ Line = list[tuple[str, str]]  # (text, rich style) segments
 
 def tree_lines(group: FailureGroup, *, full_ids: bool = False) -> list[Line]:
     """The group's tree, line by line: its title, then each chain from its top effect down to
-    its root cause, each child the cause of the node above. A chain nests ``MAX_NESTED_DEPTH``
-    levels at most: one line says the causes below are drawn flat, at that depth, each still the
-    cause of the one above, so a chain of 10,000 events (a report's bound) prints in lines of
-    bounded width, not 4 more characters a level. Every event is drawn once: a
-    cause already drawn (a loop of causes, or a cause two effects share) is one line,
-    ``↻ cause <id> already shown above``, and a loop that no top leads into is drawn from its
-    first event."""
+    its root cause, each child the cause of the node above.
+
+    A chain nests ``MAX_NESTED_DEPTH`` levels at most: there one line says the causes below are
+    drawn flat, at that depth, each still the cause of the one above, so a chain of 10,000
+    events (a report's bound) prints in lines of bounded width, not 4 more characters a level.
+    Every event is drawn once: a cause already drawn (a loop of causes, or a cause two effects
+    share) is one line, ``↻ cause <id> already shown above``, and a loop that no top leads into
+    is drawn from its first event."""
     title: Line = [(clean(group.title, 200 if not full_ids else 2000), "cyan")]
     if group.omitted:
         title.append(("  report omitted", "red"))
