@@ -281,7 +281,7 @@ def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp, ng_otel_cli)
     assert done.returncode == 1
     assert "line 3: skipped: not JSON" in done.stdout and "line 5: skipped" in done.stdout
     closing = " ".join(done.stdout.split())
-    assert "replayed 5 rows: 2 with failures, 4 events exported, 0 failed to export, 2 skipped" in closing
+    assert "replayed 3 rows: 2 with failures, 4 events exported, 0 failed to export, 2 skipped line(s)" in closing
     assert otlp.wait_for(lambda: len(otlp.failure_events()) == 4)
 
 

@@ -152,8 +152,11 @@ def test_replay_skips_lines_it_cannot_read_with_their_numbers_and_echoes_them_es
     assert "line 3: skipped: not JSON" in out
     assert f"line 4: skipped: invalid failure report: events.{HOSTILE_KEY}" in out  # literally, never markup
     assert "line 5: skipped: longer than" in out
-    assert "replayed 6 rows: 2 with failures, 4 events exported, 0 failed to export, 4 skipped" in out
+    # Rows and skipped lines apart, as summary counts them.
+    assert "replayed 2 rows: 2 with failures, 4 events exported, 0 failed to export, 4 skipped line(s)" in out
     assert "Traceback" not in done.stdout + done.stderr
+    summary = json.loads(ng_otel_cli("summary", "--json", str(path)).stdout)
+    assert (summary["rows"], summary["skipped"]) == (2, 4)
 
 
 PEAK_RSS = """
@@ -188,7 +191,7 @@ def test_an_endless_line_is_skipped_with_its_number_in_flat_memory(tmp_path, ins
 
     (_, baseline), (out, with_endless_line) = replay(small), replay(endless)
     assert "line 2: skipped: longer than" in out
-    assert "replayed 3 rows: 2 with failures, 4 events exported, 0 failed to export, 1 skipped" in out
+    assert "replayed 2 rows: 2 with failures, 4 events exported, 0 failed to export, 1 skipped line(s)" in out
     # At most the line bound more than a small file, never the line's 512 MiB.
     assert with_endless_line - baseline < MAX_ROW_BYTES // (1024 * 1024) + 48, (baseline, with_endless_line)
     assert len(otlp.failure_events()) == 2 + 4

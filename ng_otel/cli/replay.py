@@ -62,14 +62,15 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
     tally = ExportTally(span_exporters())
     summary = ReplaySummary()
     pace = _Pace(tally)
+    lines = 0
     try:
         for number, value in scan_file(path, console, "replaying"):
+            lines += 1
             if isinstance(value, SkippedLine):
-                summary.rows += 1
                 summary.skip(number, value.reason)
-            else:
-                replay_row(value, number, summary, count=count)
-                pace.after(summary.with_failures)
+                continue
+            replay_row(value, number, summary, count=count)
+            pace.after(summary.with_failures)
     finally:
         flushed = _within(flush_seconds, shutdown)
     exported, failed_by_exporter = tally.totals()
@@ -78,15 +79,16 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
     for line, reason in summary.skipped:
         console.print(f"[red]line {line}: skipped: {printable(reason, 200)}[/red]")
     if summary.skipped_rows > MAX_KEPT_SKIPS:
-        console.print(f"[red]... and {summary.skipped_rows - MAX_KEPT_SKIPS} more skipped lines[/red]")
+        console.print(f"[red]... and {summary.skipped_rows - MAX_KEPT_SKIPS} more skipped line(s)[/red]")
     if not_exported:
         console.print(
             f"[red]{_why_not_exported(tally, failed_by_exporter, not_exported, flushed, flush_seconds)}[/red]"
         )
     counted = "added to ng.failures" if count else "not added to ng.failures (--count adds them)"
+    # A line that is not a row is no row: the rows and the skipped lines add up to the lines.
     console.print(
-        f"replayed {summary.rows} rows: {summary.with_failures} with failures, "
-        f"{exported} events exported, {not_exported} failed to export, {summary.skipped_rows} skipped; "
+        f"replayed {lines - summary.skipped_rows} rows: {summary.with_failures} with failures, "
+        f"{exported} events exported, {not_exported} failed to export, {summary.skipped_rows} skipped line(s); "
         f"events {counted}"
     )
     return EXIT_OK if not summary.skipped_rows and not not_exported else EXIT_FAILED
