@@ -9,6 +9,7 @@ import tracemalloc
 import pytest
 
 from ng_otel import NgFailureEvent, failure_report_for
+from ng_otel.contract.records import ROW_EVENTS
 from ng_otel.contract.rows import MAX_ROW_BYTES
 from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row, replay_rows, report_row
 from ng_otel.otel import names
@@ -157,6 +158,37 @@ def test_replay_skips_lines_it_cannot_read_with_their_numbers_and_echoes_them_es
     assert "Traceback" not in done.stdout + done.stderr
     summary = json.loads(ng_otel_cli("summary", "--json", str(path)).stdout)
     assert (summary["rows"], summary["skipped"]) == (2, 4)
+
+
+UNUSABLE_CONTEXTS = ["x", [1, 2], {"x": 1}, 2**70, True, 0, ""]
+
+
+@pytest.mark.e2e
+def test_rows_whose_contexts_cannot_be_used_are_replayed_without_links_and_counted(tmp_path, otlp, ng_otel_cli):
+    linked = chain_row()
+    live = {event_id: f"{index + 1:032x}-{index + 1:016x}" for index, event_id in enumerate(linked[ROW_EVENTS])}
+    linked[names.ROW_CONTEXTS] = live
+    rows = [linked] + [chain_row() | {names.ROW_CONTEXTS: contexts} for contexts in UNUSABLE_CONTEXTS]
+    path = tmp_path / "contexts.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    done = ng_otel_cli("replay", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint})
+    assert done.returncode == 0, done.stdout + done.stderr  # every event exported: contexts only link
+    out = " ".join(done.stdout.split())
+    assert (
+        f"{len(UNUSABLE_CONTEXTS)} row(s) had {names.ROW_CONTEXTS} that could not be used (the first, line 2: " in out
+    )
+    assert "replayed 8 rows: 8 with failures, 16 events exported, 0 failed to export, 0 skipped line(s)" in out
+    replay_of = {
+        event["ng.failure.id"]: {
+            link["span_id"]
+            for link in event["_span"]["links"]
+            if link["attributes"].get(names.LINK_TYPE) == names.LINK_REPLAY_OF
+        }
+        for event in otlp.failure_events()
+    }
+    assert len(replay_of) == 16
+    for event_id, span_ids in replay_of.items():  # a link to the live span where the contexts could be read, only
+        assert span_ids == ({live[event_id][33:]} if event_id in live else set()), event_id
 
 
 PEAK_RSS = """

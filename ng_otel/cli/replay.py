@@ -18,6 +18,7 @@ from typing import Any, Final
 from opentelemetry import trace
 from rich.console import Console
 
+from ng_otel.otel import names
 from ng_otel.otel.export import LossCountingSpanExporter
 
 REPLAY_FLUSH_SECONDS: Final = 30.0  # the final flush: what is not exported by then failed
@@ -63,13 +64,20 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
     summary = ReplaySummary()
     pace = _Pace(tally)
     lines = 0
+    unlinked_rows, first_unlinked = 0, (0, "")  # rows replayed without their unusable contexts
     try:
         for number, value in scan_file(path, console, "replaying"):
             lines += 1
             if isinstance(value, SkippedLine):
                 summary.skip(number, value.reason)
                 continue
-            replay_row(value, number, summary, count=count)
+            row, contexts_problem = _without_unusable_contexts(value)
+            with_failures = summary.with_failures
+            replay_row(row, number, summary, count=count)
+            if contexts_problem is not None and summary.with_failures > with_failures:
+                if not unlinked_rows:
+                    first_unlinked = (number, contexts_problem)
+                unlinked_rows += 1
             pace.after(summary.with_failures)
     finally:
         flushed = _within(flush_seconds, shutdown)
@@ -80,6 +88,12 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
         console.print(f"[red]line {line}: skipped: {printable(reason, 200)}[/red]")
     if summary.skipped_rows > MAX_KEPT_SKIPS:
         console.print(f"[red]... and {summary.skipped_rows - MAX_KEPT_SKIPS} more skipped line(s)[/red]")
+    if unlinked_rows:
+        line, reason = first_unlinked
+        console.print(
+            f"[yellow]{unlinked_rows} row(s) had {names.ROW_CONTEXTS} that could not be used (the first, line {line}: "
+            f"{printable(reason, 200)}): their failures were replayed without links to the live run[/yellow]"
+        )
     if not_exported:
         console.print(
             f"[red]{_why_not_exported(tally, failed_by_exporter, not_exported, flushed, flush_seconds)}[/red]"
@@ -92,6 +106,22 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
         f"events {counted}"
     )
     return EXIT_OK if not summary.skipped_rows and not not_exported else EXIT_FAILED
+
+
+def _without_unusable_contexts(row: Any) -> tuple[Any, str | None]:
+    """``row`` and ``None``, or, when its saved span contexts (``_ng_failure_contexts``) cannot
+    be read, a copy without them and why. The contexts only link a replayed event to its live
+    span: a row whose contexts are bad still has its failures, so it is replayed unlinked
+    rather than skipped."""
+    from ng_otel.gym.collection import row_contexts
+
+    if not isinstance(row, dict) or names.ROW_CONTEXTS not in row:
+        return row, None
+    try:
+        row_contexts(row)
+    except ValueError as error:
+        return {key: value for key, value in row.items() if key != names.ROW_CONTEXTS}, str(error)
+    return row, None
 
 
 def _why_not_exported(tally: ExportTally, failed: int, missing: int, flushed: bool, seconds: float) -> str:
