@@ -114,7 +114,9 @@ def test_summary_json_gives_exactly_the_counts_the_generator_wrote(tmp_path, ng_
         "skipped",
     ]
     assert got == expected
-    twice = summary_json(ng_otel_cli, path, path)  # several files: one summary
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(path.read_bytes())
+    twice = summary_json(ng_otel_cli, path, copy)  # several files: one summary
     assert twice["rows"] == 2 * expected["rows"] and twice["by_kind"] == {
         k: 2 * v for k, v in expected["by_kind"].items()
     }
