@@ -370,8 +370,8 @@ def test_endless_distinct_kinds_fold_into_other_and_every_count_is_kept(tmp_path
 # -- OTLP JSON lines of odd shapes ----------------------------------------------------------
 
 
-def _failure_attributes(event_id, kind, cause=None):
-    values = {"ng.failure.id": event_id, "ng.failure.kind": kind, "ng.failure.boundary": "model"}
+def _failure_attributes(event_id, kind, cause=None, boundary="model"):
+    values = {"ng.failure.id": event_id, "ng.failure.kind": kind, "ng.failure.boundary": boundary}
     if cause is not None:
         values["ng.failure.cause_id"] = cause
     return [{"key": key, "value": {"stringValue": value}} for key, value in values.items()]
@@ -450,3 +450,23 @@ def test_the_first_json_line_decides_the_format_and_a_line_of_the_other_is_skipp
     got = summarise([rows_first])
     assert (got.rows, got.events, got.skipped) == (1, 1, 1)  # not counted as a healthy row
     assert got.skipped_lines[0][1].reason == OTLP_LINE_AMONG_ROWS
+
+
+def test_an_otlp_event_with_a_kind_boundary_or_id_no_row_could_hold_is_skipped_by_summary_and_show(tmp_path):
+    from ng_otel.cli.show import INVALID_OTLP_EVENT, groups_from_lines, scan_file
+    from ng_otel.cli.summary import summarise
+
+    path = tmp_path / "odd.jsonl"
+    events = [
+        ("e1", "transport_timeout"),
+        ("e2", "Transport-Timeout"),  # no kind a row could hold
+        ("e3", "", None),
+        ("e4", "judge_failed", None, "[red]nowhere"),  # no boundary
+        ("bad id", "judge_failed"),
+    ]
+    path.write_bytes(b"\n".join(_otlp_span_line(f"t{i}", event) for i, event in enumerate(events)) + b"\n")
+    got = summarise([path])
+    assert (got.events, got.skipped) == (1, 4)
+    assert {line.reason for _, line in got.skipped_lines} == {INVALID_OTLP_EVENT}
+    shown = list(groups_from_lines(scan_file(path)))
+    assert [item.reason for item in shown if isinstance(item, SkippedLine)] == [INVALID_OTLP_EVENT] * 4

@@ -7,6 +7,7 @@ Rows stream: one tree per row, memory flat on any file. OTLP JSON lines are grou
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from ng_otel.contract.events import BOUNDARIES, ID_PATTERN
+from ng_otel.contract.kinds import is_well_formed
 from ng_otel.contract.report import FailureReport
 from ng_otel.contract.rows import (
     ROW_ROLLOUT_INDEX,
@@ -28,6 +31,8 @@ from ng_otel.contract.rows import (
     row_terminal,
 )
 from ng_otel.otel import names
+
+_EVENT_ID: Final = re.compile(ID_PATTERN)
 
 MAX_SHOWN_REASON: Final = 160  # a tree line is for a glance; the full reason is in the trace
 SHORT_ID: Final = 12
@@ -131,6 +136,7 @@ class _LazyProgress:
             self._progress.stop()
 
 
+INVALID_OTLP_EVENT: Final = "an ng.failure event without a valid id, kind or boundary"
 OTLP_LINE_AMONG_ROWS: Final = "an OTLP JSON line in a file of rows (its first JSON line decides)"
 ROW_AMONG_OTLP_LINES: Final = "not an OTLP JSON line in a file of OTLP JSON lines (its first JSON line decides)"
 
@@ -236,8 +242,13 @@ def otlp_failure_events(data: Mapping[str, Any], traces: set[str]) -> Iterator[t
 
 
 def _failure_attributes(items: Any, service: Any) -> dict[str, Any] | None:
+    """The event's attributes, or ``None`` when its id, kind or boundary is not one a row could
+    hold either (so an OTLP line and a row are held to the same names)."""
     attributes = _attributes(items)
-    if not all(isinstance(attributes.get(key), str) for key in (names.ID, names.KIND, names.BOUNDARY)):
+    event_id, kind, boundary = (attributes.get(key) for key in (names.ID, names.KIND, names.BOUNDARY))
+    if not (
+        isinstance(event_id, str) and _EVENT_ID.fullmatch(event_id) and is_well_formed(kind) and boundary in BOUNDARIES
+    ):
         return None
     attributes["service.name"] = service
     return attributes
@@ -290,7 +301,7 @@ def groups_from_otlp(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup 
             continue
         for trace_id, attributes, _ in otlp_failure_events(data, seen):
             if attributes is None:
-                yield SkippedLine(number, "an ng.failure event without its id, kind or boundary")
+                yield SkippedLine(number, INVALID_OTLP_EVENT)
                 continue
             record = _record_of(attributes)
             event_id = record["event_id"]
@@ -582,6 +593,7 @@ def show_paths(
 
 
 __all__ = [
+    "INVALID_OTLP_EVENT",
     "OTLP_LINE_AMONG_ROWS",
     "ROW_AMONG_OTLP_LINES",
     "FailureGroup",

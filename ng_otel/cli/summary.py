@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ng_otel.cli.show import (
+    INVALID_OTLP_EVENT,
     OTLP_LINE_AMONG_ROWS,
     ROW_AMONG_OTLP_LINES,
     clean,
@@ -208,7 +209,7 @@ class Summary:
             return
         for trace_id, attributes, time in otlp_failure_events(value, self._traces):
             if attributes is None:
-                self.skip(where, SkippedLine(number, "an ng.failure event without its id, kind or boundary"))
+                self.skip(where, SkippedLine(number, INVALID_OTLP_EVENT))
                 continue
             event_id = str(attributes[names.ID])
             if event_id in self._otlp:
@@ -228,8 +229,9 @@ class Summary:
             if attributes.get(names.VERIFY_MASKED) is True:
                 self.masked += 1
             cause = attributes.get(names.CAUSE_ID)
+            cause = cause if isinstance(cause, str) else None  # as show reads it: a list is no cause
             recovered = attributes.get(names.RECOVERED) is True
-            self._otlp[event_id] = (kind, boundary, str(cause) if cause is not None else None, recovered)
+            self._otlp[event_id] = (kind, boundary, cause, recovered)
             if time:
                 self.over_time.add(time // 60_000_000_000)
 
