@@ -401,7 +401,8 @@ def test_otlp_causes_that_loop_are_one_failed_row_a_loop_never_none(tmp_path):
     assert got["root_kinds"]["transport_peer_drop"] == 1
 
 
-def test_log_records_outside_spans_count_their_traces_as_rows(tmp_path):
+def test_log_records_outside_spans_count_their_traces_as_rows_in_summary_and_show(tmp_path):
+    from ng_otel.cli.show import groups_from_lines, scan_file
     from ng_otel.cli.summary import summarise
 
     logs = [
@@ -413,6 +414,9 @@ def test_log_records_outside_spans_count_their_traces_as_rows(tmp_path):
     got = summarise([path]).to_json()
     # Two traces, and one record outside any trace: three rows for four failures, none a cause.
     assert (got["rows"], got["events"], got["failed_rows"]) == (3, 4, 4)
+    # show draws the same rows: a tree a trace, and one for the record outside any trace
+    titles = [group.title for group in groups_from_lines(scan_file(path))]
+    assert titles == [f"trace {'a' * 32}", f"trace {'b' * 32}", "trace (none: event e3)"]
 
 
 @pytest.mark.e2e

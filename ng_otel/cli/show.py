@@ -136,6 +136,9 @@ class _LazyProgress:
             self._progress.stop()
 
 
+NO_TRACE_IDS: Final = frozenset({"", "?", "0" * 32})
+"""OTLP JSON's ways of saying "no trace" (a log record outside any span): each such event is a
+row, and a tree, of its own."""
 INVALID_OTLP_EVENT: Final = "an ng.failure event without a valid id, kind or boundary"
 OTLP_LINE_AMONG_ROWS: Final = "an OTLP JSON line in a file of rows (its first JSON line decides)"
 ROW_AMONG_OTLP_LINES: Final = "not an OTLP JSON line in a file of OTLP JSON lines (its first JSON line decides)"
@@ -305,6 +308,8 @@ def groups_from_otlp(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup 
                 continue
             record = _record_of(attributes)
             event_id = record["event_id"]
+            if trace_id in NO_TRACE_IDS:
+                trace_id = f"(none: event {event_id})"  # a key no hex trace id can be
             group = traces.setdefault(trace_id, FailureGroup(title=f"trace {trace_id}", events={}))
             group.events[event_id] = record
             where.setdefault(event_id, trace_id)
@@ -594,6 +599,7 @@ def show_paths(
 
 __all__ = [
     "INVALID_OTLP_EVENT",
+    "NO_TRACE_IDS",
     "OTLP_LINE_AMONG_ROWS",
     "ROW_AMONG_OTLP_LINES",
     "FailureGroup",

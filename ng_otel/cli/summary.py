@@ -20,6 +20,7 @@ from rich.table import Table
 
 from ng_otel.cli.show import (
     INVALID_OTLP_EVENT,
+    NO_TRACE_IDS,
     OTLP_LINE_AMONG_ROWS,
     ROW_AMONG_OTLP_LINES,
     clean,
@@ -49,7 +50,6 @@ MAX_DISTINCT: Final = 1000
 MAX_LISTED_SKIPS: Final = 50
 MAX_CHAIN_HOPS: Final = 64  # a chain shape longer than this is cut: a shape is for grouping
 NO_STAGE: Final = "(none)"
-_NO_TRACE: Final = frozenset({"", "?", "0" * 32})  # OTLP JSON's ways of saying "no trace"
 
 Chain = tuple[tuple[str, str], ...]  # (kind, boundary) from the effect down to its root cause
 RowTally = tuple[str, str, str | None, int | None, bool]  # kind, boundary, stage, status, terminal
@@ -214,11 +214,10 @@ class Summary:
             event_id = str(attributes[names.ID])
             if event_id in self._otlp:
                 continue  # the same event as a span event and as a log record
-            if trace_id not in self._traces:  # a log record's: spans add their traces as read
-                if trace_id in _NO_TRACE:
-                    self.rows += 1  # a log record outside any trace is a row of its own
-                else:
-                    self._traces.add(trace_id)
+            if trace_id in NO_TRACE_IDS:
+                self.rows += 1  # an event outside any trace is a row of its own
+            else:
+                self._traces.add(trace_id)  # a log record's trace is a row too (spans add theirs)
             kind, boundary = str(attributes[names.KIND]), str(attributes[names.BOUNDARY])
             status = attributes.get(names.HTTP_STATUS)
             failure_class = attributes.get(names.CLASS)
@@ -237,7 +236,7 @@ class Summary:
 
     def finish(self) -> Summary:
         """Resolve OTLP chains (a cause may come after its effect, or in another trace)."""
-        self.rows += len(self._traces)
+        self.rows += len(self._traces - NO_TRACE_IDS)
         self._traces.clear()
         causes = {cause for _, _, cause, _ in self._otlp.values() if cause is not None}
         reached: set[str] = set()
