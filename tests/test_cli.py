@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from ng_otel.cli.receiver import OtlpReceiver
+from ng_otel.cli.show import INVALID_OTLP_EVENT, OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES
 
 pytestmark = pytest.mark.e2e  # the installed command, run from a folder of its own
 
@@ -225,6 +226,7 @@ def test_kinds_check_lists_malformed_kinds_and_the_lines_it_could_not_check(tmp_
         json.dumps(saved),  # a saved report's kind, malformed
         "{not json",  # could hold any kind
         json.dumps({"_ng_failure_class": "transport_timeout"}),
+        json.dumps({"resourceSpans": []}),  # OTLP among rows: a skipped line, as show and summary say
     ]
     path.write_text("\n".join(lines) + "\n")
     done = ng_otel_cli("kinds", "--check", str(path))
@@ -232,7 +234,8 @@ def test_kinds_check_lists_malformed_kinds_and_the_lines_it_could_not_check(tmp_
     out = " ".join(done.stdout.split())
     assert table_row("TransportTimeout", "malformed", "1", "1") in out
     assert table_row("Transport-Timeout", "malformed", "1", "2") in out
-    assert "line 3: skipped: not JSON" in out and "1 line(s) of" in out
+    assert "line 3: skipped: not JSON" in out and f"line 5: skipped: {OTLP_LINE_AMONG_ROWS}" in out
+    assert "2 line(s) of" in out
     assert "line 1: skipped" not in out and "line 2: skipped" not in out  # listed as malformed, not as skipped
     assert "every failure_kind" not in out
 
@@ -242,19 +245,21 @@ def test_kinds_check_reads_the_kinds_of_otlp_json_lines(demo, tmp_path, ng_otel_
     telemetry = (out / "telemetry.jsonl").read_text()
     clean = ng_otel_cli("kinds", "--check", str(out / "telemetry.jsonl"))
     assert clean.returncode == 0 and "is registered or namespaced" in clean.stdout, clean.stdout + clean.stderr
-    # Every export twice (a retried export): each event is counted once, as summary counts it.
+    # Every export twice (a retried export), then a row: each event is counted once, as summary
+    # counts it, and the row is a line of the other format.
     made_up = tmp_path / "made_up.jsonl"
-    made_up.write_text(2 * telemetry.replace('"transport_timeout"', '"made_up_kind"'))
-    malformed = tmp_path / "malformed.jsonl"
-    malformed.write_text(2 * telemetry.replace('"transport_timeout"', '"Transport-Timeout"'))
+    made_up.write_text(2 * telemetry.replace('"transport_timeout"', '"made_up_kind"') + '{"a": "row"}\n')
+    done = ng_otel_cli("kinds", "--check", str(made_up))
+    assert done.returncode == 1, done.stdout + done.stderr
     events = json.loads(ng_otel_cli("summary", "--json", str(out / "telemetry.jsonl")).stdout)["by_kind"]
-    for path, kind, problem in (
-        (made_up, "made_up_kind", "unregistered"),
-        (malformed, "Transport-Timeout", "malformed"),
-    ):
-        done = ng_otel_cli("kinds", "--check", str(path))
-        assert done.returncode == 1, done.stdout + done.stderr
-        assert table_row(kind, problem, str(events["transport_timeout"])) in " ".join(done.stdout.split())
+    checked = " ".join(done.stdout.split())
+    assert table_row("made_up_kind", "unregistered", str(events["transport_timeout"])) in checked
+    assert f"skipped: {ROW_AMONG_OTLP_LINES}" in checked
+    # An OTLP event whose kind no row could hold is a skipped line, as in show and summary.
+    malformed = tmp_path / "malformed.jsonl"
+    malformed.write_text(telemetry.replace('"transport_timeout"', '"Transport-Timeout"'))
+    done = ng_otel_cli("kinds", "--check", str(malformed))
+    assert done.returncode == 1 and f"skipped: {INVALID_OTLP_EVENT}" in " ".join(done.stdout.split())
 
 
 @pytest.mark.parametrize("name", ["[/x].jsonl", "[red]x.jsonl", "esc\x1b[31mRED.jsonl"])

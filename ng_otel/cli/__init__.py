@@ -181,16 +181,18 @@ class KindCheck:
         self._counted_ids: set[str] = set()  # an OTLP event is both a span event and a log record
 
     def read(self, path: Path, console: Console) -> None:
-        from ng_otel.cli.show import is_otlp, scan_file
+        from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES, is_otlp, scan_file
 
-        otlp: bool | None = None
+        otlp: bool | None = None  # the first JSON line decides, as in show and summary
         for number, value in scan_file(path, console, "checking"):
             if isinstance(value, SkippedLine):
                 self.skip(value)
                 continue
             if otlp is None:
                 otlp = is_otlp(value)
-            if otlp:
+            if is_otlp(value) != otlp:
+                self.skip(SkippedLine(number, ROW_AMONG_OTLP_LINES if otlp else OTLP_LINE_AMONG_ROWS))
+            elif otlp:
                 self._otlp_line(number, value)
             else:
                 self._row(number, value)
@@ -214,15 +216,12 @@ class KindCheck:
         for record in report.events.values() if report is not None else ():
             self._check(number, record["failure_kind"])
 
-    def _otlp_line(self, number: int, data: Any) -> None:
-        from ng_otel.cli.show import otlp_failure_events
+    def _otlp_line(self, number: int, data: dict[str, Any]) -> None:
+        from ng_otel.cli.show import INVALID_OTLP_EVENT, otlp_failure_events
 
-        if not isinstance(data, dict):
-            self.skip(SkippedLine(number, "not OTLP JSON: a line is a JSON object"))
-            return
         for _, attributes, _ in otlp_failure_events(data, set()):
-            if attributes is None:
-                self.skip(SkippedLine(number, "an ng.failure event without its id, kind or boundary"))
+            if attributes is None:  # a malformed kind among them: show and summary skip it too
+                self.skip(SkippedLine(number, INVALID_OTLP_EVENT))
             elif attributes[names.ID] not in self._counted_ids:
                 if self._check(number, attributes[names.KIND]) is not None:
                     self._counted_ids.add(attributes[names.ID])
