@@ -178,7 +178,7 @@ class KindCheck:
         self.first_line: dict[tuple[str, str], int] = {}
         self.skipped: list[SkippedLine] = []  # the first MAX_LISTED_BAD
         self.skipped_count = 0
-        self._counted_ids: set[str] = set()  # an OTLP event is both a span event and a log record
+        self._counted_ids: set[str] = set()  # an OTLP event may come twice: a log record, a retried export
 
     def read(self, path: Path, console: Console) -> None:
         from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES, is_otlp, scan_file
