@@ -203,7 +203,9 @@ def test_report_refuses_to_write_over_one_of_its_inputs_under_any_name(rows_file
 def test_without_plotly_report_says_how_to_install_it_on_stderr(rows_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("ng_otel.cli.report.plotly_js", lambda: None)
     assert main(["report", str(rows_file), "-o", str(tmp_path / "report.html")]) == 2
-    assert "pip install 'ng-otel[report]'" in one_line_on_stderr(capsys)
+    from ng_otel.cli._install import install_hint
+
+    assert f"report needs plotly to draw its charts: {install_hint('report')}" in one_line_on_stderr(capsys)
     assert not (tmp_path / "report.html").exists()
 
 

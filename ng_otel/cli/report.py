@@ -22,7 +22,6 @@ from ng_otel.cli.show import printable
 from ng_otel.cli.summary import NO_STAGE, Chain, Summary
 from ng_otel.otel import names
 
-REPORT_INSTALL: Final = "pip install 'ng-otel[report]'"
 TOP_CHAINS: Final = 10
 MAX_BARS: Final = 40  # kinds on one axis; the rest are summed as `_other`
 CHART_IDS: Final = ("by-kind", "by-class", "root-kinds", "masked", "by-stage", "over-time")
@@ -38,10 +37,11 @@ def plotly_js() -> str | None:
 
 def write_report(summary: Summary, output: Path, console: Console) -> int:
     from ng_otel.cli import usage_error
+    from ng_otel.cli._install import install_hint
 
     script = plotly_js()
     if script is None:
-        return usage_error(f"report needs plotly to draw its charts: {REPORT_INSTALL}")
+        return usage_error(f"report needs plotly to draw its charts: {install_hint('report')}")
     page = render_page(summary, script)
     try:
         output.write_text(page, encoding="utf-8")
