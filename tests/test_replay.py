@@ -9,6 +9,7 @@ import tracemalloc
 import pytest
 
 from ng_otel import NgFailureEvent, failure_report_for
+from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS
 from ng_otel.contract.records import ROW_EVENTS
 from ng_otel.contract.rows import MAX_ROW_BYTES
 from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row, replay_rows, report_row
@@ -146,6 +147,7 @@ def test_replay_skips_lines_it_cannot_read_with_their_numbers_and_echoes_them_es
         out.write(json.dumps({"_ng_failure_events": {HOSTILE_KEY: {"event_id": "q"}}}).encode() + b"\n")  # 4
         out.write(b" " * (MAX_ROW_BYTES + 1) + b"\n")  # 5: one byte past the line bound
         out.write(json.dumps(chain_row()).encode() + b"\n")  # 6
+        out.write(b'{"resourceSpans": []}\n')  # 7: an OTLP JSON line, no row to replay
     done = ng_otel_cli("replay", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint})
     assert done.returncode == 1, done.stdout + done.stderr
     out = " ".join(done.stdout.split())  # the terminal's line wrapping undone
@@ -153,11 +155,12 @@ def test_replay_skips_lines_it_cannot_read_with_their_numbers_and_echoes_them_es
     assert "line 3: skipped: not JSON" in out
     assert f"line 4: skipped: invalid failure report: events.{HOSTILE_KEY}" in out  # literally, never markup
     assert "line 5: skipped: longer than" in out
+    assert f"line 7: skipped: {OTLP_LINE_AMONG_ROWS}" in out
     # Rows and skipped lines apart, as summary counts them.
-    assert "replayed 2 rows: 2 with failures, 4 events exported, 0 failed to export, 4 skipped line(s)" in out
+    assert "replayed 2 rows: 2 with failures, 4 events exported, 0 failed to export, 5 skipped line(s)" in out
     assert "Traceback" not in done.stdout + done.stderr
     summary = json.loads(ng_otel_cli("summary", "--json", str(path)).stdout)
-    assert (summary["rows"], summary["skipped"]) == (2, 4)
+    assert (summary["rows"], summary["skipped"]) == (2, 5)
 
 
 UNUSABLE_CONTEXTS = ["x", [1, 2], {"x": 1}, 2**70, True, 0, ""]

@@ -10,6 +10,7 @@ export, and then the exit status is 1.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,7 +51,7 @@ class ExportTally:
 def replay_file(path: Path, console: Console, *, count: bool = False, flush_seconds: float | None = None) -> int:
     """Stream the rows through the configured exporters; memory stays flat on any size. The
     final flush takes at most ``flush_seconds`` (default ``REPLAY_FLUSH_SECONDS``)."""
-    from ng_otel.cli.show import printable, scan_file
+    from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, is_otlp, printable, scan_file
     from ng_otel.contract.rows import SkippedLine
     from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row
     from ng_otel.otel.providers import enable, shutdown, span_exporters
@@ -58,7 +59,7 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
     flush_seconds = REPLAY_FLUSH_SECONDS if flush_seconds is None else flush_seconds
     path.stat()  # a missing file is a usage error before anything is set up
     if enable("ng-otel-replay") is None:
-        console.print("[red]ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)[/red]")
+        sys.stderr.write("ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)\n")
         return EXIT_FAILED
     tally = ExportTally(span_exporters())
     summary = ReplaySummary()
@@ -70,6 +71,9 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
             lines += 1
             if isinstance(value, SkippedLine):
                 summary.skip(number, value.reason)
+                continue
+            if is_otlp(value):  # a collector holds these already: replay reads rows
+                summary.skip(number, OTLP_LINE_AMONG_ROWS)
                 continue
             row, contexts_problem = _without_unusable_contexts(value)
             with_failures = summary.with_failures
