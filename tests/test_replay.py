@@ -120,6 +120,13 @@ def test_replay_exits_nonzero_when_the_events_do_not_get_where_they_were_sent(ro
 
 
 @pytest.mark.e2e
+def test_replay_with_telemetry_switched_off_says_so_on_stderr_and_exits_1(rows, ng_otel_cli):
+    done = ng_otel_cli("replay", str(rows), env={**HTTP, "NG_OTEL_ENABLED": "0"})
+    assert done.returncode == 1 and done.stdout == "", done.stdout
+    assert done.stderr == "ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)\n"
+
+
+@pytest.mark.e2e
 def test_the_final_flush_is_bounded_and_what_it_did_not_send_failed(rows, otlp, ng_otel_cli):
     otlp.delay = 120.0  # a collector that holds every export: only the replay's own bound ends it
     done = ng_otel_cli(
