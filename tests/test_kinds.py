@@ -112,3 +112,9 @@ def test_contract_code_imports_only_the_standard_library_pydantic_typing_extensi
                 imported.setdefault(top, set()).add(path.name)
     assert {top: files for top, files in imported.items() if top not in allowed} == {}
     assert {"pydantic", "orjson"} <= set(imported)
+
+
+def test_any_value_from_a_file_may_be_asked_whether_it_is_a_kind():
+    # kinds --check asks of whatever a row holds: a list or an object is no kind, not a TypeError.
+    for value in ([1, 2], {"a": 1}, None, 3, ""):
+        assert not kinds.is_registered(value) and not kinds.is_namespaced(value)

@@ -9,7 +9,8 @@ import tracemalloc
 import pytest
 
 from ng_otel import NgFailureEvent, failure_report_for
-from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS
+from ng_otel.cli.replay import OTLP_NOT_REPLAYED
+from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES, UNDECIDED_NOT_AN_OBJECT
 from ng_otel.contract.records import ROW_EVENTS
 from ng_otel.contract.rows import MAX_ROW_BYTES
 from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row, replay_rows, report_row
@@ -237,3 +238,19 @@ def test_an_endless_line_is_skipped_with_its_number_in_flat_memory(tmp_path, ins
     # At most the line bound more than a small file, never the line's 512 MiB.
     assert with_endless_line - baseline < MAX_ROW_BYTES // (1024 * 1024) + 48, (baseline, with_endless_line)
     assert len(otlp.failure_events()) == 2 + 4
+
+
+@pytest.mark.e2e
+def test_a_file_of_otlp_json_lines_is_not_replayed_and_a_row_in_it_is_skipped_as_summary_skips_it(
+    tmp_path, otlp, ng_otel_cli
+):
+    path = tmp_path / "otlp_first.jsonl"
+    path.write_text('[1]\n{"resourceSpans": []}\n' + json.dumps(chain_row()) + "\n")  # the object decides
+    done = ng_otel_cli("replay", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint})
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = " ".join(done.stdout.split())
+    assert f"line 1: skipped: {UNDECIDED_NOT_AN_OBJECT}" in out
+    assert f"line 2: skipped: {OTLP_NOT_REPLAYED}" in out and f"line 3: skipped: {ROW_AMONG_OTLP_LINES}" in out
+    assert "replayed 0 rows: 0 with failures, 0 events exported, 0 failed to export, 3 skipped line(s)" in out
+    summary = json.loads(ng_otel_cli("summary", "--json", str(path)).stdout)
+    assert summary["skipped"] == 2  # the list and the row; the OTLP line is summary's to read

@@ -474,3 +474,24 @@ def test_an_otlp_event_with_a_kind_boundary_or_id_no_row_could_hold_is_skipped_b
     assert {line.reason for _, line in got.skipped_lines} == {INVALID_OTLP_EVENT}
     shown = list(groups_from_lines(scan_file(path)))
     assert [item.reason for item in shown if isinstance(item, SkippedLine)] == [INVALID_OTLP_EVENT] * 4
+
+
+def test_an_odd_first_line_decides_nothing_and_odd_times_and_trace_ids_are_none(tmp_path):
+    from ng_otel.cli.show import UNDECIDED_NOT_AN_OBJECT, groups_from_lines, scan_file
+    from ng_otel.cli.summary import summarise
+
+    spans = [
+        {"traceId": None, "events": [{"name": "ng.failure", "timeUnixNano": float("inf"),
+                                       "attributes": _failure_attributes("e1", "transport_timeout")}]},
+        {"traceId": None, "events": [{"name": "ng.failure", "timeUnixNano": 1e400,
+                                       "attributes": _failure_attributes("e2", "judge_failed")}]},
+    ]  # fmt: skip
+    otlp_line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()  # Infinity, as json writes
+    path = tmp_path / "odd.jsonl"
+    path.write_bytes(b"[1, 2]\n" + otlp_line + b"\n")
+    got = summarise([path])
+    # The list decides nothing; two events outside any trace (no trace named "None"): two rows.
+    assert (got.rows, got.events, got.failed_rows, got.skipped) == (2, 2, 2, 1)
+    assert got.skipped_lines[0][1].reason == UNDECIDED_NOT_AN_OBJECT and not got.over_time
+    titles = [item.title for item in groups_from_lines(scan_file(path)) if not isinstance(item, SkippedLine)]
+    assert titles == ["trace (none: event e1)", "trace (none: event e2)"]

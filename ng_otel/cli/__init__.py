@@ -181,14 +181,23 @@ class KindCheck:
         self._counted_ids: set[str] = set()  # an OTLP event may come twice: a log record, a retried export
 
     def read(self, path: Path, console: Console) -> None:
-        from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES, is_otlp, scan_file
+        from ng_otel.cli.show import (
+            OTLP_LINE_AMONG_ROWS,
+            ROW_AMONG_OTLP_LINES,
+            UNDECIDED_NOT_AN_OBJECT,
+            is_otlp,
+            scan_file,
+        )
 
-        otlp: bool | None = None  # the first JSON line decides, as in show and summary
+        otlp: bool | None = None  # the first JSON object decides, as in show, replay and summary
         for number, value in scan_file(path, console, "checking"):
             if isinstance(value, SkippedLine):
                 self.skip(value)
                 continue
             if otlp is None:
+                if not isinstance(value, dict):
+                    self.skip(SkippedLine(number, UNDECIDED_NOT_AN_OBJECT))
+                    continue
                 otlp = is_otlp(value)
             if is_otlp(value) != otlp:
                 self.skip(SkippedLine(number, ROW_AMONG_OTLP_LINES if otlp else OTLP_LINE_AMONG_ROWS))

@@ -139,9 +139,11 @@ class _LazyProgress:
 NO_TRACE_IDS: Final = frozenset({"", "?", "0" * 32})
 """OTLP JSON's ways of saying "no trace" (a log record outside any span): each such event is a
 row, and a tree, of its own."""
+UNDECIDED_NOT_AN_OBJECT: Final = "not a JSON object: a row and an OTLP JSON line are objects"
+"""Why a line before a file's first JSON object (which decides rows or OTLP) is skipped."""
 INVALID_OTLP_EVENT: Final = "an ng.failure event without a valid id, kind or boundary"
-OTLP_LINE_AMONG_ROWS: Final = "an OTLP JSON line in a file of rows (its first JSON line decides)"
-ROW_AMONG_OTLP_LINES: Final = "not an OTLP JSON line in a file of OTLP JSON lines (its first JSON line decides)"
+OTLP_LINE_AMONG_ROWS: Final = "an OTLP JSON line in a file of rows (its first JSON object decides)"
+ROW_AMONG_OTLP_LINES: Final = "not an OTLP JSON line in a file of OTLP JSON lines (its first JSON object decides)"
 
 
 def is_otlp(value: Any) -> bool:
@@ -152,12 +154,15 @@ def is_otlp(value: Any) -> bool:
 
 
 def groups_from_lines(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | SkippedLine]:
-    """Rows or OTLP JSON lines, as the first decoded JSON value says (the skipped lines before
-    it do not count, as in ``ng-otel summary``); a line of the other format is a skipped line."""
+    """Rows or OTLP JSON lines, as the first JSON object says (the lines before it decide
+    nothing, as in ``ng-otel summary``); a line of the other format is a skipped line."""
     lines = iter(lines)
     for number, value in lines:
         if isinstance(value, SkippedLine):
             yield value
+            continue
+        if not isinstance(value, dict):
+            yield SkippedLine(number, UNDECIDED_NOT_AN_OBJECT)
             continue
         rest = itertools.chain([(number, value)], lines)
         yield from groups_from_otlp(rest) if is_otlp(value) else groups_from_rows(rest)
@@ -229,7 +234,7 @@ def otlp_failure_events(data: Mapping[str, Any], traces: set[str]) -> Iterator[t
         for scope_spans in _list(_dict(resource_spans).get("scopeSpans")):
             for span in _list(_dict(scope_spans).get("spans")):
                 span = _dict(span)
-                trace_id = str(span.get("traceId", "?"))
+                trace_id = _trace_id(span)
                 traces.add(trace_id)
                 for event in _list(span.get("events")):
                     event = _dict(event)
@@ -241,7 +246,7 @@ def otlp_failure_events(data: Mapping[str, Any], traces: set[str]) -> Iterator[t
             for log in _list(_dict(scope_logs).get("logRecords")):
                 log = _dict(log)
                 if log.get("eventName") == names.EVENT:
-                    yield str(log.get("traceId", "?")), _failure_attributes(log.get("attributes"), service), _time(log)
+                    yield _trace_id(log), _failure_attributes(log.get("attributes"), service), _time(log)
 
 
 def _failure_attributes(items: Any, service: Any) -> dict[str, Any] | None:
@@ -260,8 +265,14 @@ def _failure_attributes(items: Any, service: Any) -> dict[str, Any] | None:
 def _time(item: Mapping[str, Any]) -> int:
     try:
         return int(item.get("timeUnixNano", 0))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # not a number, NaN, Infinity: no time
         return 0
+
+
+def _trace_id(item: Mapping[str, Any]) -> str:
+    """The item's trace id; "" (no trace) for one that is missing or not a string."""
+    trace_id = item.get("traceId")
+    return trace_id if isinstance(trace_id, str) else ""
 
 
 def _list(value: Any) -> list[Any]:
@@ -599,6 +610,7 @@ def show_paths(
 
 __all__ = [
     "INVALID_OTLP_EVENT",
+    "UNDECIDED_NOT_AN_OBJECT",
     "NO_TRACE_IDS",
     "OTLP_LINE_AMONG_ROWS",
     "ROW_AMONG_OTLP_LINES",

@@ -23,6 +23,7 @@ from ng_otel.cli.show import (
     NO_TRACE_IDS,
     OTLP_LINE_AMONG_ROWS,
     ROW_AMONG_OTLP_LINES,
+    UNDECIDED_NOT_AN_OBJECT,
     is_otlp,
     otlp_failure_events,
     printable,
@@ -109,7 +110,10 @@ class Summary:
             if isinstance(value, SkippedLine):
                 self.skip(where, value)
                 continue
-            if otlp is None:
+            if otlp is None:  # the first JSON object decides, as in show, replay and kinds
+                if not isinstance(value, dict):
+                    self.skip(where, SkippedLine(number, UNDECIDED_NOT_AN_OBJECT))
+                    continue
                 otlp = is_otlp(value)
             if otlp:
                 self.add_otlp(value, number, where)

@@ -89,8 +89,8 @@ _warned_lock = threading.Lock()
 
 
 def is_registered(name: object) -> bool:
-    """True for one of the shared names."""
-    return name in FAILURE_KINDS
+    """True for one of the shared names (any object may be asked: a list from a file is none)."""
+    return isinstance(name, str) and name in FAILURE_KINDS
 
 
 def is_namespaced(name: object) -> bool:
