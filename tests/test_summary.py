@@ -468,12 +468,14 @@ def test_an_otlp_event_with_a_kind_boundary_or_id_no_row_could_hold_is_skipped_b
         ("e4", "judge_failed", None, "[red]nowhere"),  # no boundary
         ("bad id", "judge_failed"),
     ]
-    path.write_bytes(b"\n".join(_otlp_span_line(f"t{i}", event) for i, event in enumerate(events)) + b"\n")
+    lines = [_otlp_span_line(f"t{i}", event) for i, event in enumerate(events)]
+    lines.append(_otlp_span_line("t9", ("e9", "judge_failed"), ("e10", "Bad"), ("e11", "Worse")))  # one line, once
+    path.write_bytes(b"\n".join(lines) + b"\n")
     got = summarise([path])
-    assert (got.events, got.skipped) == (1, 4)
+    assert (got.events, got.skipped) == (2, 5)
     assert {line.reason for _, line in got.skipped_lines} == {INVALID_OTLP_EVENT}
     shown = list(groups_from_lines(scan_file(path)))
-    assert [item.reason for item in shown if isinstance(item, SkippedLine)] == [INVALID_OTLP_EVENT] * 4
+    assert [item.reason for item in shown if isinstance(item, SkippedLine)] == [INVALID_OTLP_EVENT] * 5
 
 
 def test_an_odd_first_line_decides_nothing_and_odd_times_and_trace_ids_are_none(tmp_path):

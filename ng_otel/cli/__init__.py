@@ -226,12 +226,13 @@ class KindCheck:
             self._check(number, record["failure_kind"])
 
     def _otlp_line(self, number: int, data: dict[str, Any]) -> None:
-        from ng_otel.cli.show import INVALID_OTLP_EVENT, otlp_failure_events
+        from ng_otel.cli.show import otlp_line_failures
 
-        for _, attributes, _ in otlp_failure_events(data, set()):
-            if attributes is None:  # a malformed kind among them: show and summary skip it too
-                self.skip(SkippedLine(number, INVALID_OTLP_EVENT))
-            elif attributes[names.ID] not in self._counted_ids:
+        failures, skipped = otlp_line_failures(number, data, set())
+        if skipped is not None:  # a malformed kind among its events: show and summary skip it too
+            self.skip(skipped)
+        for _, attributes, _ in failures:
+            if attributes[names.ID] not in self._counted_ids:
                 if self._check(number, attributes[names.KIND]) is not None:
                     self._counted_ids.add(attributes[names.ID])
 

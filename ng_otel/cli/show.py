@@ -225,6 +225,24 @@ def _group_of(title: str, report: FailureReport) -> FailureGroup:
 # -- OTLP JSON lines -------------------------------------------------------------------------
 
 
+OtlpFailure = tuple[str, dict[str, Any], int]  # trace id, the event's attributes, unix nanoseconds or 0
+
+
+def otlp_line_failures(
+    number: int, data: Mapping[str, Any], traces: set[str]
+) -> tuple[list[OtlpFailure], SkippedLine | None]:
+    """The ``ng.failure`` events of one OTLP JSON line that a row could hold too, and the line
+    as one ``SkippedLine`` when any event could not be read (once, however many)."""
+    failures: list[OtlpFailure] = []
+    invalid = False
+    for trace_id, attributes, unix_nanos in otlp_failure_events(data, traces):
+        if attributes is None:
+            invalid = True
+        else:
+            failures.append((trace_id, attributes, unix_nanos))
+    return failures, SkippedLine(number, INVALID_OTLP_EVENT) if invalid else None
+
+
 def otlp_failure_events(data: Mapping[str, Any], traces: set[str]) -> Iterator[tuple[str, dict[str, Any] | None, int]]:
     """(trace id, the event's attributes or ``None`` when it lacks its id, kind or boundary,
     time in unix nanoseconds or 0) for each ``ng.failure`` span event and log record of one
@@ -313,10 +331,10 @@ def groups_from_otlp(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup 
         if not is_otlp(data):
             yield SkippedLine(number, ROW_AMONG_OTLP_LINES)
             continue
-        for trace_id, attributes, _ in otlp_failure_events(data, seen):
-            if attributes is None:
-                yield SkippedLine(number, INVALID_OTLP_EVENT)
-                continue
+        failures, skipped = otlp_line_failures(number, data, seen)
+        if skipped is not None:
+            yield skipped
+        for trace_id, attributes, _ in failures:
             record = _record_of(attributes)
             event_id = record["event_id"]
             if trace_id in NO_TRACE_IDS:

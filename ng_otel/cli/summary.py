@@ -19,13 +19,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ng_otel.cli.show import (
-    INVALID_OTLP_EVENT,
     NO_TRACE_IDS,
     OTLP_LINE_AMONG_ROWS,
     ROW_AMONG_OTLP_LINES,
     UNDECIDED_NOT_AN_OBJECT,
     is_otlp,
-    otlp_failure_events,
+    otlp_line_failures,
     printable,
     scan_file,
 )
@@ -210,10 +209,10 @@ class Summary:
         if not is_otlp(value):
             self.skip(where, SkippedLine(number, ROW_AMONG_OTLP_LINES))
             return
-        for trace_id, attributes, time in otlp_failure_events(value, self._traces):
-            if attributes is None:
-                self.skip(where, SkippedLine(number, INVALID_OTLP_EVENT))
-                continue
+        failures, skipped = otlp_line_failures(number, value, self._traces)
+        if skipped is not None:
+            self.skip(where, skipped)
+        for trace_id, attributes, time in failures:
             event_id = str(attributes[names.ID])
             if event_id in self._otlp:
                 continue  # the same event as a span event and as a log record
