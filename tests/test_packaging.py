@@ -81,7 +81,7 @@ def test_the_plain_wheel_installs_imports_and_runs_the_command_in_a_clean_enviro
     # Constrained to this suite's versions, as the `installed` fixture is: this registry's
     # contrib packages are not all at one version, and a fresh resolution can find no set.
     frozen = subprocess.run(
-        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, timeout=120
     )
     (tmp_path / "constraints.txt").write_text(frozen.stdout)
     added = subprocess.run(
