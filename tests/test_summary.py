@@ -54,6 +54,8 @@ def reference_lines(data: bytes, bound: int):
             continue
         except orjson.JSONDecodeError:
             pass
+        if part.startswith(b"\xef\xbb\xbf") and not part[3:].strip():
+            continue  # a byte order mark alone is a blank line
         try:  # what Python's json writes and reads (NaN, Infinity) and a byte order mark
             value = json.loads(part.decode("utf-8-sig"))
             json.dumps(value, ensure_ascii=False).encode()  # a lone surrogate is no text
@@ -65,7 +67,7 @@ def reference_lines(data: bytes, bound: int):
 
 PIECES = [
     *(b'{"a": 1}', b"", b"  ", b"[1, 2, 3, 4, 5, 6, 7]", b"nope", b"\xff\xfe", b'{"b": "' + b"x" * 30 + b'"}', b"7"),
-    *(b'\xef\xbb\xbf{"bom": 1}', b'{"reward": -Infinity}', b'{"lone": "\\ud800"}'),
+    *(b'\xef\xbb\xbf{"bom": 1}', b'{"reward": -Infinity}', b'{"lone": "\\ud800"}', b"\xef\xbb\xbf", b"\xef\xbb\xbf "),
 ]
 
 
@@ -77,6 +79,13 @@ def test_bounded_reader_gives_each_line_as_a_plain_split_would_with_long_lines_s
         for number, value in read_json_lines(io.BytesIO(data), max_line_bytes=bound)
     ]
     assert got == reference_lines(data, bound)
+
+
+def test_a_byte_order_mark_is_no_text_and_never_the_reason_a_line_is_skipped():
+    data = b'\xef\xbb\xbf\n\xef\xbb\xbf{"a": 1,}\n\xef\xbb\xbf{"a": 1}\n'
+    lines = dict(read_json_lines(io.BytesIO(data)))
+    assert 1 not in lines and lines[3] == {"a": 1}  # a mark alone is a blank line
+    assert lines[2].reason.startswith("not JSON: trailing comma")  # the text's fault, not the mark's
 
 
 def test_reader_says_why_a_line_is_not_a_row():

@@ -306,14 +306,23 @@ def _refused_by_orjson(number: int, raw: bytes, error: JSONDecodeError, *, ended
     """A line orjson will not read: ``None`` when blank; its value when the standard library
     reads it (a UTF-8 byte order mark, ``NaN`` or ``Infinity`` as Python's ``json`` writes
     them), so such a row is not lost; else a ``SkippedLine`` saying why."""
+    if raw.startswith(_BOM):  # a mark, not text: the line is what follows it
+        raw = raw[len(_BOM) :]
+        try:
+            return loads(raw) if raw.strip() else None
+        except JSONDecodeError as without_mark:
+            error = without_mark  # what is wrong with the text itself
     if not raw.strip():
         return None
     try:
-        value = json.loads(raw.decode("utf-8-sig"))
+        value = json.loads(raw.decode("utf-8"))
         json.dumps(value, ensure_ascii=False).encode()  # no lone surrogate from an escape
     except (ValueError, TypeError, RecursionError):
         return SkippedLine(number, _why_not_json(raw, error, ended))
     return value
+
+
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 def _why_not_json(raw: bytes, error: JSONDecodeError, ended: bool) -> str:
