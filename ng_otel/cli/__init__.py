@@ -13,6 +13,7 @@ ng-otel doctor                 what ng_otel would do with this environment, and 
 from __future__ import annotations
 
 import argparse
+import logging
 import reprlib
 import sys
 from collections import Counter
@@ -23,6 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ng_otel.contract import kinds as kinds_module
 from ng_otel.contract.kinds import FAILURE_KINDS, is_namespaced, is_registered, is_well_formed
 from ng_otel.contract.records import ROW_EVENTS
 from ng_otel.contract.rows import ROW_FAILURE_CLASS, SkippedLine, has_saved_report, read_row
@@ -67,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     console = Console(highlight=False)
+    kind_warnings = logging.getLogger(kinds_module.__name__)
+    level = kind_warnings.level
+    if args.command in ("show", "summary", "report", "kinds"):
+        # They show every kind a file holds: a warning on stderr for each unregistered one
+        # (up to 1,024) would only repeat them.
+        kind_warnings.setLevel(logging.ERROR)
     try:
         if args.command == "demo":
             from ng_otel.cli.demo import run_demo
@@ -106,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return usage_error(problem if error.filename is None else f"{error.filename}: {problem}")
     except KeyboardInterrupt:
         return EXIT_FAILED
+    finally:
+        kind_warnings.setLevel(level)  # main() may run in a caller's process (tests do)
 
 
 def usage_error(message: str) -> int:

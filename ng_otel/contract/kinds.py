@@ -19,7 +19,7 @@ import re
 import threading
 from typing import Final
 
-_log = logging.getLogger("ng_otel")
+_log = logging.getLogger(__name__)  # under "ng_otel": a command that lists kinds itself quiets it
 
 TRANSPORT_UNREACHABLE: Final = "transport_unreachable"
 TRANSPORT_PEER_DROP: Final = "transport_peer_drop"
