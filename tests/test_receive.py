@@ -366,17 +366,12 @@ def test_receive_prints_each_chain_as_it_arrives_writes_what_show_reads_and_stop
 ):
     out = tmp_path / "received.jsonl"
     running = receive("--out", str(out))
-    grpc_port, http_port = running.ports()
+    running.ports()
+    # What a user does: set the variable the banner names first, and nothing else.
+    suggested = running.wait_for_line("point your servers at it: ").split("OTEL_EXPORTER_OTLP_ENDPOINT=")[1]
     rows = tmp_path / "rows.jsonl"
     rows.write_text(saved_chain())
-    sent = ng_otel_cli(
-        "replay",
-        str(rows),
-        env={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{http_port}",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        },
-    )
+    sent = ng_otel_cli("replay", str(rows), env={"OTEL_EXPORTER_OTLP_ENDPOINT": suggested.split()[0]})
     assert sent.returncode == 0, sent.stdout + sent.stderr
     running.wait_for_line("└── agent_run_error  agent · ng-otel-replay")
     running.wait_for_line("gave up [/red]")  # hostile text printed as it is, never as markup

@@ -1,7 +1,8 @@
 """``ng-otel receive``: a local OTLP receiver that prints each failure chain as it arrives.
 
-Point a server's exporters at it (``OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318``, or
-gRPC on 4317) and its failures show up as trees, with nothing else installed. With ``--out``
+Point a server's exporters at it (``OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317``, gRPC,
+the SDK's default protocol; or 4318 with ``OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf``) and its
+failures show up as trees, with nothing else installed. With ``--out``
 every request is also written as an OTLP JSON line, which ``ng-otel show`` reads. Ctrl-C or
 SIGTERM stops it once the requests in flight are answered; a second signal stops it at once.
 """
@@ -167,9 +168,10 @@ def _say_where(console: Console, receiver: OtlpReceiver, host: str, out: Path | 
     )
     if host not in ("127.0.0.1", "::1", "localhost"):
         console.print(f"[yellow]listening on {escape(host)}: anyone who can reach it can send here[/yellow]")
-    console.print(
-        f"point your servers at it: OTEL_EXPORTER_OTLP_ENDPOINT={escape(receiver.http_endpoint)} "
-        f"(or {escape(receiver.grpc_endpoint)} with OTEL_EXPORTER_OTLP_PROTOCOL=grpc)"
+    console.print(  # gRPC first: what the SDK's exporters speak when nothing says otherwise
+        f"point your servers at it: OTEL_EXPORTER_OTLP_ENDPOINT={escape(receiver.grpc_endpoint)} "
+        f"(or OTEL_EXPORTER_OTLP_ENDPOINT={escape(receiver.http_endpoint)} OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)",
+        soft_wrap=True,
     )
     where = f"writing OTLP JSON lines to {escape(str(out))}" if out else "not saving (--out FILE keeps every request)"
     console.print(f"{where}; Ctrl-C stops")
