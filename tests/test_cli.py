@@ -1,5 +1,6 @@
 """The command line, run as a user runs it: `ng-otel ...` in a subprocess."""
 
+import io
 import json
 from pathlib import Path
 
@@ -311,3 +312,17 @@ def test_show_limit_says_what_it_takes(rows_file, ng_otel_cli, limit):
     assert f"argument --limit: expected a whole number, 0 or more, not '{limit}'" in done.stderr
     nothing = ng_otel_cli("show", str(rows_file), "--limit", "0")  # 0 is taken, as before: no tree
     assert nothing.returncode == 0 and "0 failure chain group(s) shown" in nothing.stdout
+
+
+def test_kinds_check_keeps_a_bounded_table_of_endless_distinct_kinds(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from ng_otel import cli
+
+    monkeypatch.setattr(cli, "MAX_LISTED_KINDS", 3)  # small enough to pass; the default is 1,000
+    path = tmp_path / "kinds.jsonl"
+    path.write_bytes(b"".join(json.dumps({"_ng_failure_class": f"made_up_{n}"}).encode() + b"\n" for n in range(10)))
+    found = cli.KindCheck()
+    found.read(path, Console(file=io.StringIO()))
+    assert len(found.kinds) == 4 and sum(found.kinds.values()) == 10  # three by name, the rest as _other
+    assert found.kinds[("_other", cli.UNREGISTERED)] == 7

@@ -74,6 +74,15 @@ def test_the_plain_wheel_installs_imports_and_runs_the_command_in_a_clean_enviro
     demo = subprocess.run(
         [str(env_dir / "bin" / "ng-otel"), "demo"], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
+    report = subprocess.run(
+        [str(env_dir / "bin" / "ng-otel"), "report", "nothing-read-yet.jsonl", "-o", "r.html"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )  # no plotly here: said before any file is read (this one does not even exist)
+    assert report.returncode == 2 and "report needs plotly to draw its charts: " in report.stderr, report.stderr
+    assert f"'ng-otel[report] @ {wheel.as_uri()}'" in report.stderr and not (tmp_path / "r.html").exists()
     # The hint names the wheel this was installed from (ng-otel is not on an index to find by
     # name) and this venv's own pip (the venv need not be activated); and it works.
     hint = f"{python} -m pip install 'ng-otel[demo] @ {wheel.as_uri()}'"

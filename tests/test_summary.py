@@ -530,3 +530,14 @@ def test_main_leaves_the_kind_warnings_as_it_found_them(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="ng_otel"):
         validate_failure_kind("another_made_up_kind")  # main() ran in this process: the library still warns
     assert "another_made_up_kind" in caplog.text
+
+
+def test_a_gzip_compressed_file_is_named_as_such(tmp_path):
+    import gzip
+
+    from ng_otel.cli.summary import summarise
+
+    path = tmp_path / "rows.jsonl.gz"
+    path.write_bytes(gzip.compress(b"".join(orjson.dumps({"row": n}) + b"\n" for n in range(100))))
+    got = summarise([path])
+    assert got.rows == 0 and got.skipped_lines[0][1].reason.startswith("gzip-compressed: decompress the file first")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import html
+import importlib.util
 import os
 from collections.abc import Iterable
 from importlib import resources
@@ -37,11 +38,10 @@ def plotly_js() -> str | None:
 
 def write_report(summary: Summary, output: Path, console: Console) -> int:
     from ng_otel.cli import usage_error
-    from ng_otel.cli._install import install_hint
 
     script = plotly_js()
     if script is None:
-        return usage_error(f"report needs plotly to draw its charts: {install_hint('report')}")
+        return usage_error(_no_plotly_message())
     page = render_page(summary, script)
     try:
         output.write_text(page, encoding="utf-8")
@@ -54,9 +54,11 @@ def write_report(summary: Summary, output: Path, console: Console) -> int:
     return 0
 
 
-def output_problem(output: Path, inputs: Iterable[Path]) -> str | None:
-    """Why the report must not be written to ``output`` (it is one of the ``inputs``, under any
-    name: a link, a relative path), or ``None``."""
+def report_problem(output: Path, inputs: Iterable[Path]) -> str | None:
+    """Why no report can be written, found before the files are read: no plotly, or ``output``
+    is one of the ``inputs`` (under any name: a link, a relative path); or ``None``."""
+    if importlib.util.find_spec("plotly") is None:
+        return _no_plotly_message()
     for path in inputs:
         try:
             if os.path.samefile(output, path):
@@ -64,6 +66,12 @@ def output_problem(output: Path, inputs: Iterable[Path]) -> str | None:
         except OSError:  # either is missing: not the same file
             continue
     return None
+
+
+def _no_plotly_message() -> str:  # built when asked: it names this installation
+    from ng_otel.cli._install import install_hint
+
+    return f"report needs plotly to draw its charts: {install_hint('report')}"
 
 
 def _label(text: Any) -> str:

@@ -326,6 +326,8 @@ _BOM: Final = b"\xef\xbb\xbf"
 
 
 def _why_not_json(raw: bytes, error: JSONDecodeError, ended: bool) -> str:
+    if raw.startswith(b"\x1f\x8b"):  # gzip's magic: the file's first line
+        return "gzip-compressed: decompress the file first (gunzip, zcat)"
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as bad:
