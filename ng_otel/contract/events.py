@@ -36,7 +36,7 @@ MAX_TYPE_CHARS: Final = 256
 HTTP_STATUS_MIN: Final = 100
 HTTP_STATUS_MAX: Final = 599
 
-_ID_RE = re.compile(ID_PATTERN)
+EVENT_ID_RE: Final = re.compile(ID_PATTERN)  # what an event id, and a cause id, may be
 _OPERATION_PATTERN = r"^[A-Za-z0-9._:/-]{1,128}$"
 _OPERATION_RE = re.compile(_OPERATION_PATTERN)
 

@@ -87,10 +87,7 @@ class FailureReport:
     ) -> FailureReport:
         """Build from records this package produced or already validated."""
         report = cls.__new__(cls)
-        set_field = object.__setattr__  # as _set, inline: the bulk row readers build one per row
-        set_field(report, "events", MappingProxyType(events) if events else _EMPTY)
-        set_field(report, "failure_id", failure_id)
-        set_field(report, "omitted", omitted)
+        report._set(events, failure_id, omitted)
         return report
 
     def __setattr__(self, name: str, value: object) -> None:

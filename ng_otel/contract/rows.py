@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, NamedTuple, Protocol
 
@@ -23,8 +22,8 @@ import orjson
 from orjson import JSONDecodeError, loads
 from pydantic import TypeAdapter, ValidationError
 
-from ng_otel.contract.events import BOUNDARIES, ID_PATTERN, MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
-from ng_otel.contract.kinds import FAILURE_KINDS, KIND_PATTERN, MAX_KIND_CHARS, is_well_formed, validate_failure_kind
+from ng_otel.contract.events import BOUNDARIES, EVENT_ID_RE, MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
+from ng_otel.contract.kinds import FAILURE_KINDS, is_well_formed, validate_failure_kind
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import MAX_REPORT_EVENTS, FailureReport
 from ng_otel.contract.report import _check_acyclic as check_acyclic
@@ -387,17 +386,6 @@ def _lax_bool(value: Any) -> bool:
 _LAX_BOOL: Final = TypeAdapter(bool)
 
 
-def root_kind(report: FailureReport) -> str | None:
-    """The kind at the root of the report's own failure chain (``None`` without a failure id);
-    for a 0.7.0 row, its class."""
-    if report.failure_id is None:
-        return None
-    record = report.events[report.failure_id]
-    while record.get("cause_id") is not None:
-        record = report.events[record["cause_id"]]
-    return str(record["failure_kind"])
-
-
 # A saved report in its canonical form (what ``report_row`` writes: known keys only, exact
 # types, every bound met) is read here without pydantic, about five times faster; anything
 # else goes to ``row_report``, which decides and names what is wrong. Both give the same
@@ -405,8 +393,6 @@ def root_kind(report: FailureReport) -> str | None:
 _RECORD_KEYS: Final = frozenset({"event_id", "boundary", "failure_kind", "failure_reason", "stage", "http_status"})
 _CAUSED_KEYS: Final = _RECORD_KEYS | {"cause_id", "foreign_error"}
 _FOREIGN_KEYS: Final = frozenset({"type", "message", "http_status"})
-_ID: Final = re.compile(ID_PATTERN[1:-1])
-_KIND: Final = re.compile(KIND_PATTERN[1:-1])
 _BOUNDARIES: Final = frozenset(BOUNDARIES)
 _STAGES: Final = frozenset(STAGES)
 
@@ -422,7 +408,7 @@ def _canonical_saved_report(row: Mapping[str, Any]) -> FailureReport | None:
     earlier: set[str] = set()
     backward = False
     unregistered: list[str] = []
-    id_matches = _ID.fullmatch
+    id_matches = EVENT_ID_RE.fullmatch
     for event_id, record in events.items():
         if type(record) is not dict:
             return None
@@ -439,7 +425,7 @@ def _canonical_saved_report(row: Mapping[str, Any]) -> FailureReport | None:
         earlier.add(event_id)
         kind: Any = get("failure_kind")
         if kind not in FAILURE_KINDS:
-            if not _canonical_kind(kind):
+            if not is_well_formed(kind):
                 return None
             unregistered.append(kind)
         if len(record) == _REQUIRED_KEYS:
@@ -477,10 +463,6 @@ _REQUIRED_KEYS: Final = 4  # event_id, boundary, failure_kind, failure_reason
 
 
 _NO_EVENTS: Final[dict[str, Any]] = {}
-
-
-def _canonical_kind(kind: Any) -> bool:
-    return type(kind) is str and len(kind) <= MAX_KIND_CHARS and _KIND.fullmatch(kind) is not None
 
 
 def _canonical_status(status: Any) -> bool:

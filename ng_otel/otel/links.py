@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags
 
-from ng_otel.contract.events import ID_PATTERN
+from ng_otel.contract.events import EVENT_ID_RE
 from ng_otel.contract.header import OMITTED_VALUE, check_header_value, decode_json, encode_header_json
 from ng_otel.otel.names import CONTEXT_HEADER
 
@@ -23,7 +23,6 @@ NOT_EXPORTED: SpanContext = SpanContext(0, 0, is_remote=False)
 recorded twice, but never claimed as exported in a reply, so a caller exports it itself."""
 
 _CONTEXT_RE = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
-_ID_RE = re.compile(ID_PATTERN)
 
 
 class LinkIndex:
@@ -102,7 +101,7 @@ def decode_context_map(data: object) -> dict[str, SpanContext] | None:
         return None
     contexts = {}
     for event_id, raw in data.items():
-        if not _ID_RE.fullmatch(event_id):
+        if not EVENT_ID_RE.fullmatch(event_id):
             raise ValueError(f"{CONTEXT_HEADER}: malformed event id")
         if not isinstance(raw, str) or not _CONTEXT_RE.fullmatch(raw):
             raise ValueError(f"{CONTEXT_HEADER}: {event_id}: expected <32 hex trace id>-<16 hex span id>")
