@@ -192,27 +192,17 @@ class KindCheck:
         self._counted_ids: set[str] = set()  # an OTLP event may come twice: a log record, a retried export
 
     def read(self, path: Path, console: Console) -> None:
-        from ng_otel.cli.show import (
-            OTLP_LINE_AMONG_ROWS,
-            ROW_AMONG_OTLP_LINES,
-            UNDECIDED_NOT_AN_OBJECT,
-            is_otlp,
-            scan_file,
-        )
+        from ng_otel.cli.show import FileFormat, scan_file
 
-        otlp: bool | None = None  # the first JSON object decides, as in show, replay and summary
+        file_format = FileFormat()  # the first JSON object decides, as in show, replay and summary
         for number, value in scan_file(path, console, "checking"):
             if isinstance(value, SkippedLine):
                 self.skip(value)
                 continue
-            if otlp is None:
-                if not isinstance(value, dict):
-                    self.skip(SkippedLine(number, UNDECIDED_NOT_AN_OBJECT))
-                    continue
-                otlp = is_otlp(value)
-            if is_otlp(value) != otlp:
-                self.skip(SkippedLine(number, ROW_AMONG_OTLP_LINES if otlp else OTLP_LINE_AMONG_ROWS))
-            elif otlp:
+            misfit = file_format.misfit(value)
+            if misfit is not None:
+                self.skip(SkippedLine(number, misfit))
+            elif file_format.otlp:
                 self._otlp_line(number, value)
             else:
                 self._row(number, value)

@@ -54,14 +54,7 @@ OTLP_NOT_REPLAYED: Final = "an OTLP JSON line: replay turns rows into telemetry,
 def replay_file(path: Path, console: Console, *, count: bool = False, flush_seconds: float | None = None) -> int:
     """Stream the rows through the configured exporters; memory stays flat on any size. The
     final flush takes at most ``flush_seconds`` (default ``REPLAY_FLUSH_SECONDS``)."""
-    from ng_otel.cli.show import (
-        OTLP_LINE_AMONG_ROWS,
-        ROW_AMONG_OTLP_LINES,
-        UNDECIDED_NOT_AN_OBJECT,
-        is_otlp,
-        printable,
-        scan_file,
-    )
+    from ng_otel.cli.show import FileFormat, printable, scan_file
     from ng_otel.contract.rows import SkippedLine
     from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row
     from ng_otel.otel.providers import enable, shutdown, span_exporters
@@ -75,7 +68,7 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
     summary = ReplaySummary()
     pace = _Pace(tally)
     lines = 0
-    otlp: bool | None = None
+    file_format = FileFormat()  # the first JSON object decides, as in show, summary and kinds
     unlinked_rows, first_unlinked = 0, (0, "")  # rows replayed without their unusable contexts
     try:
         for number, value in scan_file(path, console, "replaying"):
@@ -83,16 +76,9 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
             if isinstance(value, SkippedLine):
                 summary.skip(number, value.reason)
                 continue
-            if otlp is None:  # the first JSON object decides, as in show, summary and kinds
-                if not isinstance(value, dict):
-                    summary.skip(number, UNDECIDED_NOT_AN_OBJECT)
-                    continue
-                otlp = is_otlp(value)
-            if otlp:  # a file of OTLP JSON lines: nothing in it is a row to replay
-                summary.skip(number, OTLP_NOT_REPLAYED if is_otlp(value) else ROW_AMONG_OTLP_LINES)
-                continue
-            if is_otlp(value):
-                summary.skip(number, OTLP_LINE_AMONG_ROWS)
+            misfit = file_format.misfit(value)
+            if misfit is not None or file_format.otlp:  # an OTLP file holds no row to replay
+                summary.skip(number, misfit or OTLP_NOT_REPLAYED)
                 continue
             row, contexts_problem = _without_unusable_contexts(value)
             with_failures = summary.with_failures

@@ -7,7 +7,6 @@ Rows stream: one tree per row, memory flat on any file. OTLP JSON lines are grou
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ng_otel.contract.events import BOUNDARIES, ID_PATTERN
+from ng_otel.contract.events import BOUNDARIES, EVENT_ID_RE
 from ng_otel.contract.kinds import is_well_formed
 from ng_otel.contract.report import FailureReport
 from ng_otel.contract.rows import (
@@ -31,8 +30,6 @@ from ng_otel.contract.rows import (
     row_terminal,
 )
 from ng_otel.otel import names
-
-_EVENT_ID: Final = re.compile(ID_PATTERN)
 
 MAX_SHOWN_REASON: Final = 160  # a tree line is for a glance; the full reason is in the trace
 SHORT_ID: Final = 12
@@ -151,6 +148,24 @@ def is_otlp(value: Any) -> bool:
     return isinstance(value, dict) and (
         "resourceSpans" in value or "resourceMetrics" in value or "resourceLogs" in value
     )
+
+
+class FileFormat:
+    """Rows or OTLP JSON lines, as a file's first JSON object says; one per file read."""
+
+    def __init__(self) -> None:
+        self.otlp: bool | None = None  # undecided until the first JSON object
+
+    def misfit(self, value: Any) -> str | None:
+        """Why a decoded line is skipped for its format (before the first object: not being
+        one; after it: being of the other format), or ``None`` when it belongs."""
+        if self.otlp is None:
+            if not isinstance(value, dict):
+                return UNDECIDED_NOT_AN_OBJECT
+            self.otlp = is_otlp(value)
+        elif is_otlp(value) != self.otlp:
+            return ROW_AMONG_OTLP_LINES if self.otlp else OTLP_LINE_AMONG_ROWS
+        return None
 
 
 def groups_from_lines(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | SkippedLine]:
@@ -273,7 +288,10 @@ def _failure_attributes(items: Any, service: Any) -> dict[str, Any] | None:
     attributes = _attributes(items)
     event_id, kind, boundary = (attributes.get(key) for key in (names.ID, names.KIND, names.BOUNDARY))
     if not (
-        isinstance(event_id, str) and _EVENT_ID.fullmatch(event_id) and is_well_formed(kind) and boundary in BOUNDARIES
+        isinstance(event_id, str)
+        and EVENT_ID_RE.fullmatch(event_id)
+        and is_well_formed(kind)
+        and boundary in BOUNDARIES
     ):
         return None
     attributes["service.name"] = service
@@ -633,6 +651,7 @@ __all__ = [
     "OTLP_LINE_AMONG_ROWS",
     "ROW_AMONG_OTLP_LINES",
     "FailureGroup",
+    "FileFormat",
     "clean",
     "groups_from_lines",
     "groups_from_otlp",

@@ -20,10 +20,7 @@ from rich.table import Table
 
 from ng_otel.cli.show import (
     NO_TRACE_IDS,
-    OTLP_LINE_AMONG_ROWS,
-    ROW_AMONG_OTLP_LINES,
-    UNDECIDED_NOT_AN_OBJECT,
-    is_otlp,
+    FileFormat,
     otlp_line_failures,
     printable,
     scan_file,
@@ -104,17 +101,15 @@ class Summary:
         """Read one file (rows or OTLP JSON lines, told apart by its first line)."""
         where = str(path)
         self.files.append(where)
-        otlp: bool | None = None
+        file_format = FileFormat()  # the first JSON object decides, as in show, replay and kinds
         for number, value in scan_file(path, console, "summarising"):
             if isinstance(value, SkippedLine):
                 self.skip(where, value)
                 continue
-            if otlp is None:  # the first JSON object decides, as in show, replay and kinds
-                if not isinstance(value, dict):
-                    self.skip(where, SkippedLine(number, UNDECIDED_NOT_AN_OBJECT))
-                    continue
-                otlp = is_otlp(value)
-            if otlp:
+            misfit = file_format.misfit(value)
+            if misfit is not None:
+                self.skip(where, SkippedLine(number, misfit))
+            elif file_format.otlp:
                 self.add_otlp(value, number, where)
             else:
                 self.add_line(value, number, where)
@@ -132,9 +127,6 @@ class Summary:
             report = read_row(value) if failure is None else None
         except ValueError as error:
             self.skip(where, SkippedLine(number, str(error)))
-            return
-        if failure is None and report is None and is_otlp(value):  # asked of healthy rows only
-            self.skip(where, SkippedLine(number, OTLP_LINE_AMONG_ROWS))
             return
         self.rows += 1
         if row_masked(value):
@@ -206,9 +198,6 @@ class Summary:
 
     def add_otlp(self, value: Any, number: int, where: str = "") -> None:
         """One OTLP JSON line: a trace is a row; each ``ng.failure`` event once, by id."""
-        if not is_otlp(value):
-            self.skip(where, SkippedLine(number, ROW_AMONG_OTLP_LINES))
-            return
         failures, skipped = otlp_line_failures(number, value, self._traces)
         if skipped is not None:
             self.skip(where, skipped)
