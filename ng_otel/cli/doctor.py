@@ -54,7 +54,8 @@ class Diagnosis:
 
 
 def diagnose() -> Diagnosis:
-    from ng_otel.otel.providers import _resource, exporter_classes, gym_telemetry_installs_providers
+    from ng_otel.gym.deployment import gym_process
+    from ng_otel.otel.providers import _Resource, exporter_classes, gym_telemetry_installs_providers
 
     found = Diagnosis()
     try:
@@ -73,11 +74,18 @@ def diagnose() -> Diagnosis:
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         found.providers = "none: OTEL_SDK_DISABLED=true (failures go to the no-op API)"
         found.problems.append("OTEL_SDK_DISABLED=true: nothing is exported")
-    elif gym_telemetry_installs_providers():
-        found.providers = "NeMo Gym's telemetry (nemo-lens) installs them; ng_otel records through them"
     else:
-        found.providers = "ng_otel installs SDK providers, unless the application or opentelemetry-distro did first"
-        found.service_name = str(_resource(None).attributes.get("service.name", ""))
+        # Where Gym's telemetry is on, it may install none (nemo-lens 0.1.0 cannot): then
+        # ng_otel installs its own, so the exporters below are what gets used either way.
+        found.providers = (
+            "NeMo Gym's telemetry (nemo-lens), where it installs them when a server starts; "
+            "otherwise ng_otel installs SDK providers"
+            if gym_telemetry_installs_providers()
+            else "ng_otel installs SDK providers, unless the application or opentelemetry-distro did first"
+        )
+        process = gym_process()
+        resource = _Resource(None, process.service_name if process is not None else None)
+        found.service_name = str(resource.make().attributes.get("service.name", ""))
         wants_logs = settings is not None and "logs" in settings.signals
         for signal_name in SIGNALS if wants_logs else SIGNALS[:2]:  # a logs pipeline only in logs mode
             found.exporters += _exporters(signal_name, exporter_classes)

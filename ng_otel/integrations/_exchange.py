@@ -17,11 +17,12 @@ from ng_otel.contract.events import NgFailureEvent, bound_text
 from ng_otel.contract.header import OMITTED_VALUE, REPORT_HEADER, encode_ascii_json
 from ng_otel.contract.kinds import PROTOCOL_VIOLATION
 from ng_otel.contract.report import FailureReport, failure_report_for
+from ng_otel.integrations.hooks import rules
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import FailureLog, current_failure_log
 from ng_otel.otel.links import decode_context_header, encode_context_header
-from ng_otel.otel.recorder import get_recorder, is_enabled, observe_failure
+from ng_otel.otel.recorder import get_recorder, is_enabled, observe_failure, record_failure
 
 MAX_RAW_SHOWN = 512  # how much of a malformed header a protocol_violation reason quotes
 
@@ -56,6 +57,19 @@ def failure_reply(error: BaseException) -> tuple[int, bytes, FailureReport] | No
     # is no final reply, 204/304 have no body, and a 2xx or 3xx reads as success.
     status = failure.get("http_status")
     return status if status is not None and status >= 400 else 500, body.encode("ascii"), report
+
+
+@guarded
+def record_escaped(error: BaseException) -> None:
+    """Record ``error``, which escaped a handler, as the request's own failure: its Gym
+    failure, else what the registered escape rule makes of it (nothing without one)."""
+    if not is_enabled():
+        return
+    report = failure_report_for(error)
+    if report is None and rules.escape is not None:
+        report = rules.escape(error)
+    if report is not None:
+        record_failure(report)
 
 
 @guarded

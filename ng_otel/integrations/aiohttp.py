@@ -11,18 +11,41 @@ Server: ``web.Application(middlewares=[failure_report_middleware])``.
 
 from __future__ import annotations
 
+import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from aiohttp import ClientResponse, ClientSession, TraceConfig, TraceRequestEndParams, web
+from aiohttp import (
+    ClientResponse,
+    ClientResponseError,
+    ClientSession,
+    TraceConfig,
+    TraceRequestEndParams,
+    TraceRequestExceptionParams,
+    TraceRequestStartParams,
+    web,
+)
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
 
+from ng_otel.contract.events import ForeignError, NgFailureEvent, bound_text
 from ng_otel.contract.report import FailureReport, rebuild_failure
 from ng_otel.integrations._exchange import failure_reply, observe_reply, reply_headers
-from ng_otel.otel.failure_log import close_failure_log, open_failure_log
-from ng_otel.otel.recorder import is_enabled, record_failure
+from ng_otel.integrations.hooks import rules
+from ng_otel.otel import names
+from ng_otel.otel._guard import guarded
+from ng_otel.otel.failure_log import close_failure_log, current_failure_log, open_failure_log
+from ng_otel.otel.recorder import get_recorder, is_enabled, record_failure
+from ng_otel.otel.replies import ReplyEvidence, attach_reply
 
 _OBSERVED = "_ng_otel_report"
+_EVIDENCE = "_ng_otel_evidence"
+TRACEPARENT = "traceparent"
+# (method and URL, failed attempts in a row) of this task's last failed request: a retry loop
+# sends the same request again from the same task, so the count is its resend count.
+_last_failure: ContextVar[tuple[str, int] | None] = ContextVar("ng_otel_last_failed_request", default=None)
 
 
 @dataclass(frozen=True)
@@ -35,16 +58,116 @@ class HttpError:
     url: str
 
 
-def failure_trace_config(boundary: str = "harness") -> TraceConfig:
-    """A ``TraceConfig`` that reads both failure headers of every reply. ``boundary`` is this
-    caller's, used for a ``protocol_violation`` when a peer's header is malformed."""
+def failure_trace_config(boundary: str | None = None) -> TraceConfig:
+    """A ``TraceConfig`` for a client session: each request carries the caller's W3C trace
+    context (unless something already put a ``traceparent`` on it, so there is never a
+    second); a request made outside any span gets a CLIENT span of its own, so the callee
+    joins its trace; both failure headers of every reply are read; and each attempt that
+    fails without a reply (a dropped connection, a timeout) is one recovered ``ng.failure``
+    event with its ``http.request.resend_count``, on a short span that ends with the attempt,
+    where a transport rule is registered (NeMo Gym's retry loop resends such requests).
+    ``boundary`` is this caller's (default: the registered one, else ``harness``)."""
+
+    async def on_request_start(
+        session: ClientSession, context: SimpleNamespace, params: TraceRequestStartParams
+    ) -> None:
+        _start(context, params)
 
     async def on_request_end(session: ClientSession, context: SimpleNamespace, params: TraceRequestEndParams) -> None:
-        _observe(params.response, boundary)
+        _end(context, params.response, boundary or rules.client_boundary)
+
+    async def on_request_exception(
+        session: ClientSession, context: SimpleNamespace, params: TraceRequestExceptionParams
+    ) -> None:
+        _failed_attempt(context, params, boundary or rules.client_boundary)
 
     config = TraceConfig()
+    config.on_request_start.append(on_request_start)
     config.on_request_end.append(on_request_end)
+    config.on_request_exception.append(on_request_exception)
     return config
+
+
+@guarded
+def _start(context: SimpleNamespace, params: TraceRequestStartParams) -> None:
+    if not is_enabled():
+        return
+    context.ng_otel_start = time.time_ns()
+    if TRACEPARENT in params.headers:  # Gym's own telemetry or contrib's instrumentation carried it
+        return
+    span = trace.get_current_span()
+    if not span.get_span_context().is_valid:
+        span = get_recorder().tracer.start_span(
+            params.method, kind=SpanKind.CLIENT, attributes=_request_attributes(params.method, params.url)
+        )
+        context.ng_otel_span = span
+    propagate.inject(params.headers, context=trace.set_span_in_context(span))
+
+
+@guarded
+def _end(context: SimpleNamespace, response: ClientResponse, boundary: str) -> None:
+    report = _observe(response, boundary)
+    if _last_failure.get() is not None:
+        _last_failure.set(None)  # answered: a later failure of the same request starts a new count
+    span = getattr(context, "ng_otel_span", None)
+    if response.status >= 400:
+        where = span if span is not None else trace.get_current_span()
+        try:
+            setattr(response, _EVIDENCE, ReplyEvidence(response.status, report, where.get_span_context()))
+        except AttributeError:
+            pass
+    if span is not None:
+        span.set_attribute(names.HTTP_STATUS, response.status)
+        span.end()
+
+
+@guarded
+def _failed_attempt(context: SimpleNamespace, params: TraceRequestExceptionParams, boundary: str) -> None:
+    span = getattr(context, "ng_otel_span", None)
+    if span is not None:
+        span.end()
+    kind = rules.transport_kind(params.exception) if rules.transport_kind is not None else None
+    if kind is None or not is_enabled():
+        return
+    request = f"{params.method} {_without_query(params.url)}"
+    last = _last_failure.get()
+    resend_count = last[1] + 1 if last is not None and last[0] == request else 0
+    _last_failure.set((request, resend_count))
+    foreign = ForeignError.from_exception(params.exception)
+    reason = bound_text(f"{request}: {foreign.type.rsplit('.', 1)[-1]}: {foreign.message}")
+    event = NgFailureEvent(kind, reason, boundary=boundary, foreign_error=foreign)
+    report = FailureReport._trusted({event.event_id: event.to_record()})
+    recorder = get_recorder()
+    parent = span if span is not None else trace.get_current_span()
+    attempt = recorder.tracer.start_span(
+        names.LATE_SPAN_PREFIX + kind,
+        context=trace.set_span_in_context(parent),
+        start_time=getattr(context, "ng_otel_start", None),
+        attributes={**_request_attributes(params.method, params.url), names.RESEND_COUNT: resend_count},
+    )
+    try:
+        recorder.record(report, attempt, own=False, recovered=True, event_attributes={names.RESEND_COUNT: resend_count})
+    finally:
+        attempt.end()
+    log = current_failure_log()
+    if log is not None:
+        log.add(report, own=False)
+
+
+def _request_attributes(method: str, url: Any) -> dict[str, Any]:
+    return {names.HTTP_METHOD: method, names.URL_FULL: _without_query(url)}
+
+
+def _without_query(url: Any) -> str:
+    return str(url).split("?", 1)[0]
+
+
+@guarded
+def attach_reply_evidence(response: ClientResponse, error: ClientResponseError) -> None:
+    """Put what the failed ``response`` said on the ``error`` raised for it."""
+    evidence = getattr(response, _EVIDENCE, None)
+    if isinstance(evidence, ReplyEvidence):
+        attach_reply(error, evidence)
 
 
 def reply_report(response: ClientResponse, *, boundary: str = "harness") -> FailureReport | None:

@@ -21,6 +21,7 @@ app answers is answered here with its ``http_status`` (500 without one) and a JS
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
@@ -29,7 +30,7 @@ from opentelemetry import trace
 
 from ng_otel.contract.header import decode_json
 from ng_otel.gym.episodes import record_verify_outcome
-from ng_otel.integrations._exchange import failure_reply, reply_headers
+from ng_otel.integrations._exchange import failure_reply, record_escaped, reply_headers
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import FailureLog, close_failure_log, open_failure_log
@@ -206,10 +207,11 @@ def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
 
 
 class RaisedFailureRecorder:
-    """Records a Gym failure that leaves the router, on the span current there (the server
-    span), then lets it go on: the app's own middleware (a catch-all such as NeMo Gym's
-    ``setup_exception_middleware``) still answers it, and the reply that leaves carries its
-    report."""
+    """Records a failure that leaves the router, on the span current there (the server span):
+    a Gym failure, or any exception the registered escape rule names (in a NeMo Gym server,
+    every one, as Gym's catch-all turns each into a 500). Then lets it go on: the app's own
+    middleware (a catch-all such as NeMo Gym's ``setup_exception_middleware``) still answers
+    it, and the reply that leaves carries its report."""
 
     __slots__ = ("app",)
 
@@ -219,8 +221,8 @@ class RaisedFailureRecorder:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await self.app(scope, receive, send)
-        except Exception as error:
-            record_failure(error)  # guarded, and a no-op for anything but a Gym failure
+        except (Exception, asyncio.CancelledError) as error:
+            record_escaped(error)  # guarded; a foreign exception only where a rule says what it is
             raise
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from ng_otel.otel._guard import guarded
-from ng_otel.otel.providers import enable
+from ng_otel.otel.providers import enable, ray_processes_wanted, settle_providers
 
 _PATCHED: list[tuple[Any, str, Any]] = []
 
@@ -22,8 +22,14 @@ class NgOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ()  # each framework is patched only when it is installed
 
     def _instrument(self, **kwargs: Any) -> None:
-        if enable() is None:
+        from ng_otel.gym import deployment
+
+        if deployment.is_ray_process() and not ray_processes_wanted():
+            return  # Ray's workers inherit Gym's environment; their telemetry is Ray's
+        process = deployment.gym_process()
+        if enable(default_service_name=process.service_name if process is not None else None) is None:
             return
+        deployment.install(process)
         _patch_asgi_apps()
         _patch_aiohttp_sessions()
 
@@ -54,6 +60,7 @@ def _patch_asgi_apps() -> None:
     def make(original: Any) -> Any:
         @functools.wraps(original)
         def build_middleware_stack(self: Any) -> Any:
+            settle_providers()  # by now a Gym server has run its own telemetry set-up
             add_failure_layers(self)
             return original(self)
 
@@ -100,3 +107,18 @@ def _patch_aiohttp_sessions() -> None:
         return __init__
 
     _patch(aiohttp.ClientSession, "__init__", make)
+
+    from ng_otel.integrations.aiohttp import attach_reply_evidence
+
+    def make_raise_for_status(original: Any) -> Any:
+        @functools.wraps(original)
+        def raise_for_status(self: Any) -> None:
+            try:
+                original(self)
+            except aiohttp.ClientResponseError as error:
+                attach_reply_evidence(self, error)  # what the reply said, for the failure raised above
+                raise
+
+        return raise_for_status
+
+    _patch(aiohttp.ClientResponse, "raise_for_status", make_raise_for_status)

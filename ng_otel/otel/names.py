@@ -27,6 +27,9 @@ OPERATION: Final = "ng.failure.operation"
 FOREIGN_TYPE: Final = "ng.failure.foreign.type"
 FOREIGN_MESSAGE: Final = "ng.failure.foreign.message"
 HTTP_STATUS: Final = "http.response.status_code"
+RESEND_COUNT: Final = "http.request.resend_count"  # on a failed attempt's event and span: 0 for the first
+HTTP_METHOD: Final = "http.request.method"
+URL_FULL: Final = "url.full"  # without its query, which may hold keys
 ERROR_TYPE: Final = "error.type"
 
 LINK_TYPE: Final = "ng.link.type"

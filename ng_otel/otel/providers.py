@@ -20,6 +20,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -42,6 +43,7 @@ _lock = threading.Lock()
 _installed: FailureRecorder | None = None
 _owned: list[Any] = []  # providers enable() created, flushed and shut down by shutdown()
 _span_exporters: list[LossCountingSpanExporter] = []  # what those providers' span exporters reported
+_deferred: list[Callable[[], bool]] = []  # provider installs waiting for Gym's telemetry set-up
 
 # NeMo Gym 0.7.0 (nemo_gym/telemetry/setup.py, is_telemetry_env_enabled): the first of these
 # that is set decides, and its telemetry needs nemo-lens to run at all.
@@ -62,8 +64,12 @@ def enable(
     signals: str | frozenset[str] | set[str] | None = None,
     max_kinds: int | None = None,
     link_index_size: int | None = None,
+    default_service_name: str | None = None,
 ) -> FailureRecorder | None:
     """Turn ng_otel on for this process; idempotent (a second call returns the first recorder).
+
+    ``service_name`` names the service whatever the environment says; ``default_service_name``
+    only where neither ``OTEL_SERVICE_NAME`` nor ``OTEL_RESOURCE_ATTRIBUTES`` names one.
 
     The settings arguments win over the ``NG_OTEL_*`` variables (``docs/configuration.md``).
     A misspelt or ill-typed argument is the caller's bug and raises here (``TypeError``,
@@ -78,12 +84,13 @@ def enable(
         "link_index_size": link_index_size,
     }
     Settings.resolve(**arguments, environ={})  # the arguments alone: their errors are the caller's
-    return _enable(service_name, arguments, tracer_provider, meter_provider, logger_provider)
+    resource = _Resource(service_name, default_service_name)
+    return _enable(resource, arguments, tracer_provider, meter_provider, logger_provider)
 
 
 @guarded
 def _enable(
-    service_name: str | None,
+    resource: _Resource,
     arguments: dict[str, Any],
     tracer_provider: TracerProvider | None,
     meter_provider: MeterProvider | None,
@@ -104,17 +111,13 @@ def _enable(
         wants_logs = "logs" in settings.signals
         if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
             pass  # the no-op API: nothing to build
-        elif gym_telemetry_installs_providers():
+        elif gym_telemetry_installs_providers() and not any((tracer_provider, meter_provider, logger_provider)):
+            # Gym's set-up runs when its server starts, after this; whether it installed any
+            # providers is known only then (nemo-lens 0.1.0 installs none): settle_providers().
             _log.info("ng_otel: NeMo Gym's telemetry is on; ng_otel records through the providers it installs")
-        else:
-            try:
-                built = _build(_resource(service_name), wants_logs, tracer_provider, meter_provider, logger_provider)
-            except Exception as error:  # the SDK or an exporter rejected the OTEL_* configuration
-                _stay_off(f"{type(error).__name__}: {error} ({_otel_variables()})")
-                return None
-            tracer_provider, meter_provider, logger_provider = _install(*built)
-            _flush_on_sigterm()
-            _quiet_repeated_sdk_warnings()
+            _deferred.append(lambda: _install_own(resource, wants_logs, None, None, None))
+        elif not _install_own(resource, wants_logs, tracer_provider, meter_provider, logger_provider):
+            return None
         tracer_provider = tracer_provider or trace.get_tracer_provider()
         meter_provider = meter_provider or metrics.get_meter_provider()
         logger_provider = logger_provider or get_logger_provider()
@@ -127,6 +130,48 @@ def _enable(
         install_recorder(recorder)
         _installed = recorder
         return recorder
+
+
+def _install_own(
+    resource: _Resource,
+    wants_logs: bool,
+    tracer_provider: TracerProvider | None,
+    meter_provider: MeterProvider | None,
+    logger_provider: LoggerProvider | None,
+) -> bool:
+    """Build and install every provider not given and not installed yet; False (ng_otel
+    off, one WARNING) when the SDK or an exporter rejects the ``OTEL_*`` configuration."""
+    try:
+        built = _build(resource.make(), wants_logs, tracer_provider, meter_provider, logger_provider)
+    except Exception as error:
+        _stay_off(f"{type(error).__name__}: {error} ({_otel_variables()})")
+        return False
+    _install(*built)
+    _flush_on_sigterm()
+    _quiet_repeated_sdk_warnings()
+    return True
+
+
+@guarded
+def settle_providers() -> None:
+    """Where ``enable()`` left the providers to NeMo Gym's telemetry: install ng_otel's own
+    for every signal Gym's set-up did not provide (a no-op once settled, or when nothing
+    waits). The recorder already records through the global providers, whatever they are."""
+    if not _deferred:
+        return
+    with _lock:
+        pending, _deferred[:] = list(_deferred), []
+        if isinstance(trace.get_tracer_provider(), ProxyTracerProvider):
+            _log.info("ng_otel: NeMo Gym's telemetry installed no providers; ng_otel installs its own")
+        for install_own in pending:
+            install_own()
+
+
+def ray_processes_wanted() -> bool:
+    try:
+        return Settings.resolve().ray_processes
+    except SettingsError:
+        return False  # enable() names the bad variable
 
 
 def _stay_off(reason: str) -> None:
@@ -161,17 +206,23 @@ def _lens_installed() -> bool:
         return False
 
 
-def _resource(service_name: str | None) -> Any:
+@dataclass(frozen=True)
+class _Resource:
     """``service_name``, else the standard ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES``,
-    else the server's name in Gym's config: every server process Gym starts shares one
-    environment, so that is what tells them apart."""
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    else ``default_service_name``, else the server's name in Gym's config: every process a
+    Gym deployment starts shares one environment, so that is what tells them apart."""
 
-    resource = Resource.create({SERVICE_NAME: service_name} if service_name else {})
-    gym_server = os.environ.get(GYM_SERVER_NAME, "").strip()
-    if gym_server and str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: gym_server}))
-    return resource
+    service_name: str | None
+    default_service_name: str | None
+
+    def make(self) -> Any:
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+        resource = Resource.create({SERVICE_NAME: self.service_name} if self.service_name else {})
+        fallback = self.default_service_name or os.environ.get(GYM_SERVER_NAME, "").strip()
+        if fallback and str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({SERVICE_NAME: fallback}))
+        return resource
 
 
 # -- building the pipelines ------------------------------------------------------------------

@@ -109,6 +109,15 @@ PARAMS: Final = (
         "distinct unregistered kinds labelled per process before further new ones count as `_other`",
     ),
     Param(
+        "ray_processes",
+        "NG_OTEL_RAY_PROCESSES",
+        parse_bool,
+        False,
+        "0",
+        "`1`: `opentelemetry-instrument` enables ng_otel in Ray's own processes too (workers, dashboard), "
+        "which inherit a Gym deployment's environment; off, they export nothing of ng_otel's",
+    ),
+    Param(
         "link_index_size",
         "NG_OTEL_LINK_INDEX_SIZE",
         parse_positive_int,
@@ -125,6 +134,7 @@ class Settings:
     signals: frozenset[str] = frozenset({"spans"})
     max_kinds: int = 200
     link_index_size: int = 10_000
+    ray_processes: bool = False
     sources: Mapping[str, Source] = field(default_factory=dict, compare=False, repr=False)
     """Where each value came from: ``argument``, ``environment`` or ``default``."""
 
@@ -145,7 +155,7 @@ class Settings:
         values: dict[str, Any] = {}
         sources: dict[str, Source] = {}
         for param in PARAMS:
-            given = arguments[param.attribute]
+            given = arguments.get(param.attribute)
             if given is not None:
                 values[param.attribute], sources[param.attribute] = _argument(param, given), "argument"
             elif param.variable in env:
@@ -165,7 +175,7 @@ def _variable(param: Param, raw: str) -> Any:
 def _argument(param: Param, value: object) -> Any:
     # Typed arguments, checked like the variables: a bool is not a count, a count is positive.
     try:
-        if param.attribute == "enabled":
+        if param.parse is parse_bool:
             if not isinstance(value, bool):
                 raise ValueError("expected True or False")
             return value

@@ -1,0 +1,100 @@
+"""Which process of a NeMo Gym deployment this is, read from what Gym itself sets.
+
+``gym env start`` runs each server with ``NEMO_GYM_CONFIG_PATH`` (the server's name) and
+``NEMO_GYM_CONFIG_DICT`` (the whole resolved config, as OmegaConf YAML), where the server's
+block is ``<name>: {<server type>: {<implementation>: {...}}}``. The server type decides the
+boundary its failures are seen at. Gym's command-line processes (``gym env start`` holds the
+orchestrator and head server, ``gym eval run`` the rollout collection) are named after their
+command; Ray's own processes, which inherit the same environment, are told apart by the
+program they run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+CONFIG_PATH_VARIABLE: Final = "NEMO_GYM_CONFIG_PATH"
+CONFIG_DICT_VARIABLE: Final = "NEMO_GYM_CONFIG_DICT"
+
+# nemo_gym/server_utils.py, _TELEMETRY_SERVER_TYPE_BY_BASE: the server-type directories.
+SERVER_TYPE_BOUNDARIES: Final = {
+    "responses_api_models": "model",
+    "responses_api_agents": "agent",
+    "resources_servers": "resources_server",
+    "environment_servers": "environment",
+}
+COLLECTION_COMMANDS: Final = frozenset({("eval", "run"), ("env", "collect"), ("rollout", "collect")})
+GYM_PROGRAMS: Final = frozenset({"gym", "nemo-gym", "ng_run", "ng_collect_rollouts"})
+RAY_PACKAGE_PART: Final = f"{os.sep}ray{os.sep}"  # .../site-packages/ray/_private/workers/default_worker.py
+
+
+@dataclass(frozen=True)
+class GymProcess:
+    service_name: str
+    boundary: str | None  # where a failure this process observes is seen; None: none of Gym's
+
+
+def gym_process(environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None) -> GymProcess | None:
+    """This process's part in a Gym deployment, or ``None`` outside one (and in Ray's own
+    processes, which ``is_ray_process`` names)."""
+    env = os.environ if environ is None else environ
+    args = sys.argv if argv is None else argv
+    server = env.get(CONFIG_PATH_VARIABLE, "").strip()
+    if server and not is_ray_process(args):
+        return GymProcess(server, server_boundary(server, env.get(CONFIG_DICT_VARIABLE, "")))
+    if not args or os.path.basename(args[0]) not in GYM_PROGRAMS:
+        return None
+    words = tuple(arg for arg in args[1:3] if not arg.startswith(("-", "+")))
+    service = "-".join(("gym", *words))
+    return GymProcess(service, "collection" if words in COLLECTION_COMMANDS else None)
+
+
+def is_ray_process(argv: Sequence[str] | None = None) -> bool:
+    """A worker, raylet helper or dashboard process Ray started: its program lives in Ray's
+    package (Gym starts a Ray cluster, and Ray's processes inherit Gym's environment)."""
+    args = sys.argv if argv is None else argv
+    return any(RAY_PACKAGE_PART in arg for arg in args[:2])
+
+
+@functools.lru_cache(maxsize=8)
+def server_boundary(server: str, config_yaml: str) -> str | None:
+    """The boundary of server ``server`` in Gym's resolved config, read without a YAML
+    parser: OmegaConf writes the server's block as ``<server>:`` at the start of a line and
+    its type as the next line's key, indented."""
+    lines = iter(config_yaml.splitlines())
+    for line in lines:
+        if line.rstrip() == f"{server}:":
+            for inner in lines:
+                if inner.strip():
+                    key = inner.strip().split(":", 1)[0].strip("'\"")
+                    return SERVER_TYPE_BOUNDARIES.get(key) if inner[:1].isspace() else None
+            return None
+    return None
+
+
+def install(process: GymProcess | None = None) -> GymProcess | None:
+    """Register Gym's rules with the adapters for this process (``opentelemetry-instrument``
+    does this): a server's escaping exceptions become its events, each failed attempt of
+    Gym's request loop a recovered event, and rollout collection's failure rows a
+    ``collection`` event saved with the row. Returns the process, ``None`` outside Gym."""
+    from ng_otel.gym import failures
+    from ng_otel.integrations import hooks
+
+    process = process or gym_process()
+    if process is None or process.boundary is None:
+        return process
+    boundary, name = process.boundary, process.service_name
+    hooks.set_client_boundary(boundary)
+    hooks.set_transport_kind(lambda error: failures.attempt_kind(error, boundary))
+    if boundary == "collection":
+        from ng_otel.gym import collection_hook
+
+        collection_hook.install()
+    else:
+        hooks.set_escape_hook(lambda error: failures.escaped_failure(error, boundary, name))
+    return process
