@@ -87,6 +87,7 @@ def test_replay_of_the_demo_rows_gives_the_same_chains_as_the_live_run(demo, ng_
     try:
         done = ng_otel_cli(
             "replay",
+            "--include-live",  # a receiver that did not see the live run
             str(out / "rows.jsonl"),
             env={
                 "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,

@@ -50,7 +50,7 @@ def test_replay_has_the_live_chains_shape_and_links_to_the_live_spans():
     offline = chain()
     rows = [live_row, {"result": "healthy"}, {"_ng_failure_events": 5}, report_row(failure_report_for(offline), {})]
     with capture_failures() as telemetry:
-        summary = replay_rows(rows)
+        summary = replay_rows(rows, include_live=True)  # a backend that did not see the live run
     assert (summary.rows, summary.with_failures, summary.events_recorded) == (4, 2, 4)
     assert summary.skipped == [(3, "invalid failure report: events: Input should be a valid dictionary")]
     spans = {tuple(e["attributes"]["ng.failure.id"] for e in span["events"]): span for span in telemetry.spans()}
@@ -65,6 +65,36 @@ def test_replay_has_the_live_chains_shape_and_links_to_the_live_spans():
     assert [link["context"] for link in caused_by] == [model_span["context"]]
     telemetry.assert_linked()
     telemetry.assert_exported_once()
+
+
+def test_replay_into_the_backend_that_saw_the_run_exports_nothing_the_live_run_exported():
+    live = CapturedTelemetry()
+    cause = NgFailureEvent("transport_timeout", "model timed out", boundary="model")
+    with live.tracer.start_as_current_span("model POST /v1/chat"):
+        live.recorder.record(failure_report_for(cause), own=True)
+    top = raise_chain(cause, NgFailureEvent("agent_run_error", "run failed", boundary="agent"))
+    # Only the model's event was exported live: the agent's is the row's alone.
+    live_row = report_row(failure_report_for(top), contexts=live.recorder.index.contexts_for([cause.event_id]))
+    with capture_failures() as telemetry:
+        summary = replay_rows(
+            [
+                live_row,
+                live_row
+                | {
+                    "_ng_failure_contexts": {
+                        cause.event_id: live_row["_ng_failure_contexts"][cause.event_id],
+                        top.event_id: live_row["_ng_failure_contexts"][cause.event_id],
+                    }
+                },
+            ]
+        )
+    assert (summary.live, summary.events_recorded) == (1, 1)
+    (event,) = telemetry.failure_events()
+    assert event["ng.failure.id"] == top.event_id  # the live one was linked to, not copied
+    (span,) = telemetry.spans()
+    (link,) = span["links"]
+    live_span = next(s for s in live.spans() if s["name"] == "model POST /v1/chat")
+    assert link["context"] == live_span["context"] and link["attributes"]["ng.link.type"] == "caused_by"
 
 
 def test_replay_of_rows_without_contexts_exports_each_event_once():

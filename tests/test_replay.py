@@ -182,7 +182,9 @@ def test_rows_whose_contexts_cannot_be_used_are_replayed_without_links_and_count
     rows = [linked] + [chain_row() | {names.ROW_CONTEXTS: contexts} for contexts in UNUSABLE_CONTEXTS]
     path = tmp_path / "contexts.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    done = ng_otel_cli("replay", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint})
+    done = ng_otel_cli(
+        "replay", "--include-live", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint}
+    )
     assert done.returncode == 0, done.stdout + done.stderr  # every event exported: contexts only link
     out = " ".join(done.stdout.split())
     assert (

@@ -42,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay.add_argument("file", type=Path)
     replay.add_argument("--count", action="store_true", help="add them to ng.failures (a backend that missed the run)")
     replay.add_argument("--timeout", type=float, metavar="SECONDS", help="the final flush may take (default 30)")
+    replay.add_argument(
+        "--include-live", action="store_true", help="export again what the live run exported (another backend)"
+    )
     receive = commands.add_parser("receive", help="a local OTLP receiver: failure chains as they arrive")
     receive.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
     receive.add_argument("--grpc-port", type=int, default=4317, help="default 4317; 0 picks a free port")
@@ -83,7 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "replay":
             from ng_otel.cli.replay import replay_file
 
-            return replay_file(args.file, console, count=args.count, flush_seconds=args.timeout)
+            return replay_file(
+                args.file, console, count=args.count, include_live=args.include_live, flush_seconds=args.timeout
+            )
         if args.command == "receive":
             from ng_otel.cli.receive import run_receive
 

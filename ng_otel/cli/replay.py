@@ -51,7 +51,14 @@ class ExportTally:
 OTLP_NOT_REPLAYED: Final = "an OTLP JSON line: replay turns rows into telemetry, and a collector has these already"
 
 
-def replay_file(path: Path, console: Console, *, count: bool = False, flush_seconds: float | None = None) -> int:
+def replay_file(
+    path: Path,
+    console: Console,
+    *,
+    count: bool = False,
+    include_live: bool = False,
+    flush_seconds: float | None = None,
+) -> int:
     """Stream the rows through the configured exporters; memory stays flat on any size. The
     final flush takes at most ``flush_seconds`` (default ``REPLAY_FLUSH_SECONDS``)."""
     from ng_otel.cli.show import FileFormat, printable, scan_file
@@ -82,7 +89,7 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
                 continue
             row, contexts_problem = _without_unusable_contexts(value)
             with_failures = summary.with_failures
-            replay_row(row, number, summary, count=count)
+            replay_row(row, number, summary, count=count, include_live=include_live)
             if contexts_problem is not None and summary.with_failures > with_failures:
                 if not unlinked_rows:
                     first_unlinked = (number, contexts_problem)
@@ -106,6 +113,11 @@ def replay_file(path: Path, console: Console, *, count: bool = False, flush_seco
     if not_exported:
         console.print(
             f"[red]{_why_not_exported(tally, failed_by_exporter, not_exported, flushed, flush_seconds)}[/red]"
+        )
+    if summary.live:
+        console.print(
+            f"{summary.live} event(s) were exported by the live run (their rows say where): linked to, not exported "
+            "again (--include-live exports them too, for a backend that did not see the run)"
         )
     counted = "added to ng.failures" if count else "not added to ng.failures (--count adds them)"
     # A line that is not a row is no row: the rows and the skipped lines add up to the lines.

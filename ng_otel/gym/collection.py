@@ -70,6 +70,7 @@ class ReplaySummary:
     events_recorded: int = 0
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, reason): the first MAX_KEPT_SKIPS
     skipped_rows: int = 0
+    live: int = 0  # events the rows say the live run exported, not exported again
 
     def skip(self, line: int, reason: str) -> None:
         self.skipped_rows += 1
@@ -77,18 +78,25 @@ class ReplaySummary:
             self.skipped.append((line, reason))
 
 
-def replay_rows(rows: Iterable[Mapping[str, Any]], *, first_line: int = 1, count: bool = False) -> ReplaySummary:
-    """Turn saved rows back into telemetry through the configured providers. Events saved
-    with a live span context are linked to, never exported again; a row with bad data is
-    skipped and reported with its line number. Replayed events are not added to
-    ``ng.failures`` unless ``count`` (a backend that saw the live run counted them then)."""
+def replay_rows(
+    rows: Iterable[Mapping[str, Any]], *, first_line: int = 1, count: bool = False, include_live: bool = False
+) -> ReplaySummary:
+    """Turn saved rows back into telemetry through the configured providers. An event saved
+    with the span context it was exported on live is in the backend that saw the run
+    already: it is linked to, not exported again, unless ``include_live`` (a backend that
+    did not see the run), when it is exported again on a span linked ``replay_of`` to the live
+    one. A row with bad data is skipped and reported with its line number. Replayed events
+    are not added to ``ng.failures`` unless ``count`` (a backend that saw the live run
+    counted them then)."""
     summary = ReplaySummary()
     for line, row in enumerate(rows, start=first_line):
-        replay_row(row, line, summary, count=count)
+        replay_row(row, line, summary, count=count, include_live=include_live)
     return summary
 
 
-def replay_row(row: Mapping[str, Any], line: int, summary: ReplaySummary, *, count: bool = False) -> None:
+def replay_row(
+    row: Mapping[str, Any], line: int, summary: ReplaySummary, *, count: bool = False, include_live: bool = False
+) -> None:
     """Replay one saved row into ``summary`` (see ``replay_rows``); never raises for bad data."""
     summary.rows += 1
     try:
@@ -106,6 +114,14 @@ def replay_row(row: Mapping[str, Any], line: int, summary: ReplaySummary, *, cou
     # One replay span per live span the row saved, linked to it, so the replayed chain has
     # the live chain's shape: the same ids, and a cause link wherever the live run had one.
     live = {event_id: ctx for event_id, ctx in (contexts or {}).items() if ctx.is_valid and event_id in report.events}
+    if not include_live and live:
+        for event_id, context in live.items():
+            if event_id not in recorder.index:
+                summary.live += 1
+            recorder.index.set(event_id, context)  # exported live: effects replayed here link to it
+        if all(event_id in recorder.index for event_id in report.events):
+            return
+        live = {}
     spans: dict[str, Span] = {}
     by_live: dict[tuple[int, int], Span] = {}
     for event_id, context in live.items():

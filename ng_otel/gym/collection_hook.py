@@ -5,7 +5,9 @@ Collection turns a failed ``/run`` into a sidecar row in ``_agent_request_failur
 (``nemo_gym/rollout_collection.py``; with ``+route_failures_to_sidecar=true``). That function
 is wrapped once the module is imported: the row's class is the event's kind, the agent's
 failure from the ``/run`` reply's report its cause, the span the ``/run`` request went out on
-its place in the trace. The row gains the contract's keys (``_ng_failure_events``,
+its place in the trace. A successful ``/run`` reply's report (a judge failure the rollout was
+masked for) is saved with its row the same way, where collection reads the reply
+(``get_response_json``). Rows gain the contract's keys (``_ng_failure_events``,
 ``_ng_failure_id``, ``_ng_failure_contexts``), so ``show``, ``summary`` and ``replay`` read
 the very ids the live run exported, and ``replay`` into the same backend adds nothing twice.
 """
@@ -31,6 +33,7 @@ from ng_otel.otel.replies import reply_of
 
 MODULE: Final = "nemo_gym.rollout_collection"
 ROW_FUNCTION: Final = "_agent_request_failure_row"
+RESULT_FUNCTION: Final = "get_response_json"  # how collection reads a /run reply's row
 WHERE: Final = "rollout collection"
 
 
@@ -45,18 +48,40 @@ def install() -> None:
 
 @guarded
 def _wrap(module: ModuleType) -> None:
-    original = getattr(module, ROW_FUNCTION, None)
-    if original is None or getattr(original, "_ng_otel_patched", False):
-        return
+    failure_row_of = getattr(module, ROW_FUNCTION, None)
+    if failure_row_of is not None and not getattr(failure_row_of, "_ng_otel_patched", False):
 
-    @functools.wraps(original)
-    def failure_row(exc: BaseException, status: int | None) -> dict[str, Any]:
-        row: dict[str, Any] = original(exc, status)
-        row.update(_saved_failure(exc, status, row) or {})
-        return row
+        @functools.wraps(failure_row_of)
+        def failure_row(exc: BaseException, status: int | None) -> dict[str, Any]:
+            row: dict[str, Any] = failure_row_of(exc, status)
+            row.update(_saved_failure(exc, status, row) or {})
+            return row
 
-    failure_row._ng_otel_patched = True  # type: ignore[attr-defined]
-    setattr(module, ROW_FUNCTION, failure_row)
+        failure_row._ng_otel_patched = True  # type: ignore[attr-defined]
+        setattr(module, ROW_FUNCTION, failure_row)
+
+    read_json = getattr(module, RESULT_FUNCTION, None)
+    if read_json is not None and not getattr(read_json, "_ng_otel_patched", False):
+
+        @functools.wraps(read_json)
+        async def result_json(response: Any) -> Any:
+            result = await read_json(response)
+            if isinstance(result, dict):
+                result.update(_saved_report(response) or {})
+            return result
+
+        result_json._ng_otel_patched = True  # type: ignore[attr-defined]
+        setattr(module, RESULT_FUNCTION, result_json)
+
+
+@guarded
+def _saved_report(response: Any) -> dict[str, Any] | None:
+    """The report a successful ``/run`` reply carried (a judge failure it recovered from, a
+    retried model attempt), as the row keys Gym Main saves: the ids the live run exported."""
+    from ng_otel.integrations.aiohttp import reply_report
+
+    report = reply_report(response, boundary="collection") if is_enabled() else None
+    return report_row(report) if report is not None else None
 
 
 @guarded
