@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import http.client
+import itertools
 import json
 import os
 import re
@@ -88,6 +89,11 @@ def _real_gym(what: str) -> subprocess.CompletedProcess:
     return _run(["bash", str(REPO / "tools" / "real-gym.sh"), what], GYM_VENV_TIMEOUT, cwd=REPO)
 
 
+def gym_install_line(wheel: str) -> list[str]:
+    """What docs/gym.md has a user install into Gym's venv, with ng_otel from ``wheel``."""
+    return [f"ng-otel[instrument,fastapi,aiohttp] @ {wheel}", "opentelemetry-exporter-otlp"]
+
+
 @pytest.fixture(scope="session")
 def gym_venv(ng_otel_dist) -> Iterator[GymVenv]:
     """Real NeMo Gym 0.7.0 (``tools/real-gym.sh venv``) with this checkout's ng_otel installed.
@@ -116,19 +122,12 @@ def gym_venv(ng_otel_dist) -> Iterator[GymVenv]:
     try:
         (built_wheel,) = ng_otel_dist.glob("ng_otel-*.whl")  # built from a clean copy of the tree
         pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
-        deps = _run(
-            [
-                *pip,
-                "install",
-                "--quiet",
-                f"ng-otel[instrument,fastapi,aiohttp] @ {built_wheel.as_uri()}",
-                "opentelemetry-distro",
-                "opentelemetry-exporter-otlp",
-            ],
-            INSTALL_TIMEOUT,
-        )
+        deps = _run([*pip, "install", "--quiet", *gym_install_line(built_wheel.as_uri())], INSTALL_TIMEOUT)
         if deps.returncode != 0:
             pytest.fail(f"installing ng_otel's no-code dependencies into {venv} failed:\n{deps.stderr[-4000:]}")
+        # A cached venv an older lane set up may hold the distro: it would configure the SDK
+        # first and give every server of a `gym env start` the one OTEL_SERVICE_NAME.
+        _run([*pip, "uninstall", "--quiet", "--yes", "opentelemetry-distro"], INSTALL_TIMEOUT)
         itself = _run([*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(built_wheel)], INSTALL_TIMEOUT)
         if itself.returncode != 0:
             pytest.fail(f"reinstalling ng_otel into {venv} failed:\n{itself.stderr[-4000:]}")
@@ -807,3 +806,269 @@ class TestCollection:
                     assert event["ng.failure.boundary"] == "collection", event
         finally:
             receiver.stop()
+
+
+# -- `gym env start` and `gym eval run`, as Gym's docs start them ----------------------------------
+
+LANE = HERE / "gym_env_lane.sh"
+LANE_TIMEOUT = 9 * 60
+EXPORT_INTERVAL = 1.0  # OTEL_METRIC_EXPORT_INTERVAL in the lane, in seconds
+GYM_SERVERS = {
+    "policy_model": "model",
+    "genrm_model": "model",
+    "simpleqa": "resources_server",
+    "simpleqa_simple_agent": "agent",
+    "simpleqa_environment_server": "environment",
+}
+
+
+def _value(value: dict[str, Any]) -> Any:
+    for key in ("stringValue", "boolValue", "doubleValue"):
+        if key in value:
+            return value[key]
+    return int(value["intValue"]) if "intValue" in value else value
+
+
+def _attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {item["key"]: _value(item["value"]) for item in items or ()}
+
+
+@dataclass
+class Received:
+    """What ``ng-otel receive`` wrote (OTLP JSON lines, ids in hex): spans and metric points."""
+
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    points: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, path: Path) -> Received:
+        received = cls()
+        for line in path.read_text().splitlines():
+            try:
+                request = json.loads(line)
+            except ValueError:
+                continue  # the copy taken mid-run may end inside a line
+            for resource in request.get("resourceSpans", ()):
+                service = _attributes(resource["resource"].get("attributes")).get("service.name")
+                for scope in resource.get("scopeSpans", ()):
+                    for span in scope.get("spans", ()):
+                        received.spans.append(
+                            {
+                                "service": service,
+                                "name": span["name"],
+                                "trace_id": span["traceId"],
+                                "span_id": span["spanId"],
+                                "parent": span.get("parentSpanId", ""),
+                                "attributes": _attributes(span.get("attributes")),
+                                "events": [
+                                    _attributes(e.get("attributes"))
+                                    for e in span.get("events", ())
+                                    if e["name"] == "ng.failure"
+                                ],
+                                "links": [(link["traceId"], link["spanId"]) for link in span.get("links", ())],
+                            }
+                        )
+            for resource in request.get("resourceMetrics", ()):
+                service = _attributes(resource["resource"].get("attributes")).get("service.name")
+                for scope in resource.get("scopeMetrics", ()):
+                    for metric in scope.get("metrics", ()):
+                        for point in metric.get("sum", {}).get("dataPoints", ()):
+                            received.points.append(
+                                {
+                                    "service": service,
+                                    "name": metric["name"],
+                                    "time": int(point["timeUnixNano"]) / 1e9,
+                                    "value": int(point.get("asInt", point.get("asDouble", 0))),
+                                    "attributes": _attributes(point.get("attributes")),
+                                }
+                            )
+        return received
+
+    def events(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(event attributes, span) for every ``ng.failure`` event."""
+        return [(event, span) for span in self.spans for event in span["events"]]
+
+    def by_id(self) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+        return {event["ng.failure.id"]: (event, span) for event, span in self.events()}
+
+    def count(self, name: str, service: str, **labels: Any) -> int:
+        """The latest cumulative value of ``name`` from ``service`` summed over the series whose
+        attributes include ``labels`` (dotted names written with ``__``)."""
+        wanted = {key.replace("__", "."): value for key, value in labels.items()}
+        latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for point in self.points:
+            if point["name"] == name and point["service"] == service:
+                if all(point["attributes"].get(k) == v for k, v in wanted.items()):
+                    key = tuple(sorted(point["attributes"].items()))
+                    if key not in latest or point["time"] >= latest[key]["time"]:
+                        latest[key] = point
+        return sum(point["value"] for point in latest.values())
+
+
+@dataclass
+class Deployment:
+    out: Path
+    live: Received
+    during: Received
+    during_time: float
+    fake_requests: list[dict[str, Any]]
+
+    def rows(self, name: str) -> list[dict[str, Any]]:
+        path = self.out / "run" / name
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def task_rows(self, name: str) -> dict[str, dict[str, Any]]:
+        """The rows of ``name`` by their task's id (a failed /run's row holds only its index)."""
+        tasks = [json.loads(line)["id"] for line in (HERE / "tasks.jsonl").read_text().splitlines()]
+        return {tasks[row["_ng_task_index"]]: row for row in self.rows(name)}
+
+    def fake_traces(self, cue: str | None) -> set[str]:
+        """The traces of the policy requests that carried ``cue``."""
+        return {
+            r["traceparent"].split("-")[1]
+            for r in self.fake_requests
+            if r["cue"] == cue and r["path"] == "/v1/responses"
+        }
+
+    def fake_trace(self, cue: str) -> str:
+        (trace_id,) = self.fake_traces(cue)  # the attempts of one rollout's policy call share its trace
+        return trace_id
+
+
+@pytest.fixture(scope="module")
+def deployment(gym_venv, gym_env_base, tmp_path_factory) -> Deployment:
+    """One run of ``tests/real_gym/gym_env_lane.sh`` in a private network namespace."""
+    out = tmp_path_factory.mktemp("gym-env-start")
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.fail("the lane runs Gym in a private network namespace: it needs unshare(1) and root (CI is root)")
+    env = {**gym_env_base, "GYM_VENV": str(gym_venv.path), "OUT": str(out), "LANE_TIMEOUT": str(LANE_TIMEOUT - 30)}
+    done = _run(["bash", str(LANE)], LANE_TIMEOUT, env=env, cwd=out)
+    lane_log = (out / "lane.log").read_text() if (out / "lane.log").exists() else ""
+    assert done.returncode == 0 and "done" in lane_log, (
+        f"the lane failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{lane_log}"
+    )
+    return Deployment(
+        out,
+        Received.read(out / "otlp.jsonl"),
+        Received.read(out / "during.jsonl"),
+        float((out / "during.time").read_text()),
+        [json.loads(line) for line in (out / "fake_requests.jsonl").read_text().splitlines()],
+    )
+
+
+class TestGymEnvStart:
+    """Stock Gym 0.7.0 servers started by ``gym env start`` under ``opentelemetry-instrument``,
+    rollouts by ``gym eval run``: failures arrive as linked chains, with nothing changed in Gym."""
+
+    def test_a_policy_model_answering_500_is_one_linked_chain_model_agent_collection_in_one_trace(
+        self, deployment: Deployment
+    ):
+        events = deployment.live.by_id()
+        row = deployment.task_rows("rollouts_failures.jsonl")["policy_500"]
+        chain, current = [], row["_ng_failure_id"]  # collection saved the id the live run exported
+        while current is not None:
+            event, span = events[current]
+            chain.append((event, span))
+            current = event.get("ng.failure.cause_id")
+        assert [(e["ng.failure.boundary"], e["ng.failure.kind"]) for e, _ in chain] == [
+            ("collection", "agent_run_error"),
+            ("agent", "agent_run_error"),  # simple_agent's /run, which called its own /v1/responses
+            ("agent", "agent_run_error"),
+            ("model", "provider_unavailable"),
+        ]
+        assert "backend overloaded" in chain[-1][0]["ng.failure.reason"]  # the provider's own words at the root
+        assert [s["service"] for _, s in chain] == [
+            "gym-eval-run",
+            "simpleqa_simple_agent",
+            "simpleqa_simple_agent",
+            "policy_model",
+        ]
+        assert {s["trace_id"] for _, s in chain} == {deployment.fake_trace("FAIL500")}  # one trace
+        for (effect, effect_span), (cause, cause_span) in itertools.pairwise(chain):
+            assert (cause_span["trace_id"], cause_span["span_id"]) in effect_span["links"], (effect, cause)
+        for _, span in chain[1:]:  # each on its own server's span, the one FastAPI's instrumentation made
+            assert span["name"].startswith("POST /"), span
+        for event, span in chain:
+            assert deployment.live.count(
+                "ng.failures",
+                span["service"],
+                ng__failure__boundary=event["ng.failure.boundary"],
+                ng__failure__kind=event["ng.failure.kind"],
+                ng__failure__recovered=False,
+            ) == (2 if span["service"] == "simpleqa_simple_agent" else 1)
+
+    def test_every_event_is_exported_once_and_nothing_comes_from_ray_s_processes(self, deployment: Deployment):
+        ids = [event["ng.failure.id"] for event, _ in deployment.live.events()]
+        assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
+        services = {span["service"] for span in deployment.live.spans} | {p["service"] for p in deployment.live.points}
+        assert set(GYM_SERVERS) | {"gym-env-start", "gym-eval-run"} <= services, services
+        assert not [s for s in services if s is None or s.startswith("unknown_service")], services
+
+    def test_every_request_gym_makes_carries_the_rollout_s_trace(self, deployment: Deployment):
+        policy = [r for r in deployment.fake_requests if r["path"] == "/v1/responses"]
+        assert policy and all(r["traceparent"] for r in policy)
+        healthy = deployment.fake_traces(None)  # the healthy rollout's, and the one whose judge failed
+        assert len(healthy) == 2, healthy
+        for trace_id in healthy:
+            services = {span["service"] for span in deployment.live.spans if span["trace_id"] == trace_id}
+            assert set(GYM_SERVERS) | {"gym-eval-run"} <= services, services  # collection to judge, one trace
+
+    def test_a_connection_dropping_model_is_counted_within_an_export_interval_while_gym_retries(
+        self, deployment: Deployment
+    ):
+        dropped = [r for r in deployment.fake_requests if r["cue"] == "DROP"]
+        assert [r for r in dropped if r["t"] > deployment.during_time], "Gym had stopped retrying"
+        trace_id = deployment.fake_trace("DROP")
+        attempts = [
+            (event, span)
+            for event, span in deployment.during.events()
+            if span["trace_id"] == trace_id and event["ng.failure.kind"] == "transport_peer_drop"
+        ]
+        assert len(attempts) >= 3, attempts  # exported while the rollout hung, not when it ended
+        assert {(e["ng.failure.boundary"], e["ng.failure.recovered"], s["service"]) for e, s in attempts} == {
+            ("model", True, "policy_model")
+        }
+        counts = sorted(e["http.request.resend_count"] for e, _ in attempts)
+        assert counts == list(range(len(counts)))
+        first = min(r["t"] for r in deployment.fake_requests if r["done"] == "dropped" and r["path"] == "/v1/responses")
+        counted = [
+            p
+            for p in deployment.during.points
+            if p["name"] == "ng.failures"
+            and p["service"] == "policy_model"
+            and p["attributes"].get("ng.failure.kind") == "transport_peer_drop"
+            and p["attributes"].get("ng.failure.recovered") is True
+            and p["value"] >= 1
+        ]
+        assert counted and min(p["time"] for p in counted) <= first + 2 * EXPORT_INTERVAL + 1.0, (first, counted[:3])
+
+    def test_a_model_that_drops_twice_then_answers_is_scored_with_its_two_recovered_attempts(
+        self, deployment: Deployment
+    ):
+        row = deployment.task_rows("rollouts.jsonl")["policy_drops_twice"]
+        assert row["reward"] == 1.0
+        trace_id = deployment.fake_trace("DROPTWICE")
+        attempts = [
+            (e["http.request.resend_count"], s["service"])
+            for e, s in deployment.live.events()
+            if s["trace_id"] == trace_id and e["ng.failure.kind"] == "transport_peer_drop"
+        ]
+        # The policy's two dropped attempts, and the judge's (its prompt holds the question too).
+        assert sorted(attempts) == [(0, "genrm_model"), (0, "policy_model"), (1, "genrm_model"), (1, "policy_model")]
+
+    def test_a_judge_answering_503_is_masked_and_counted_once(self, deployment: Deployment):
+        row = deployment.task_rows("rollouts_failures.jsonl")["judge_503"]
+        assert row["mask_sample"] is True and row["_ng_failure_class"] == "judge_failed"
+        judged = [(e, s) for e, s in deployment.live.events() if e["ng.failure.kind"] == "judge_failed"]
+        assert [(e["ng.failure.boundary"], s["service"], e.get("ng.verify.masked")) for e, s in judged] == [
+            ("resources_server", "simpleqa", True)
+        ]
+        assert judged[0][0]["ng.failure.id"] in row["_ng_failure_events"]  # saved under its live id
+        assert deployment.live.count("ng.verify.outcomes", "simpleqa", ng__verify__masked=True) == 1
+
+    def test_replay_into_the_backend_that_saw_the_run_adds_nothing_twice(self, deployment: Deployment):
+        for log in ("replay_failures.log", "replay_rows.log"):
+            text = " ".join((deployment.out / log).read_text().split())
+            assert "0 events exported" in text and "exported by the live run" in text and text.endswith("exit 0"), text
+        ids = [event["ng.failure.id"] for event, _ in deployment.live.events()]
+        assert len(ids) == len(set(ids))

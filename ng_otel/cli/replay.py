@@ -119,6 +119,12 @@ def replay_file(
             f"{summary.live} event(s) were exported by the live run (their rows say where): linked to, not exported "
             "again (--include-live exports them too, for a backend that did not see the run)"
         )
+    if summary.derived:
+        console.print(
+            f"[yellow]{summary.derived} row(s) hold no ids of the live run (collected without ng_otel): their events "
+            "carry ids derived from the rows, which no live event has; where their servers ran with ng_otel, a "
+            "backend that saw the run may now hold such a failure under two ids[/yellow]"
+        )
     counted = "added to ng.failures" if count else "not added to ng.failures (--count adds them)"
     # A line that is not a row is no row: the rows and the skipped lines add up to the lines.
     console.print(

@@ -20,7 +20,7 @@ from opentelemetry.trace import Link, Span, SpanContext
 
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import FailureReport
-from ng_otel.contract.rows import read_row, row_report
+from ng_otel.contract.rows import has_saved_report, read_row, row_report
 from ng_otel.otel import names
 from ng_otel.otel.links import decode_context_map, format_span_context
 from ng_otel.otel.recorder import get_recorder, is_enabled
@@ -71,6 +71,7 @@ class ReplaySummary:
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, reason): the first MAX_KEPT_SKIPS
     skipped_rows: int = 0
     live: int = 0  # events the rows say the live run exported, not exported again
+    derived: int = 0  # rows with failures but no live ids (0.7.0's keys alone): ids derived from the row
 
     def skip(self, line: int, reason: str) -> None:
         self.skipped_rows += 1
@@ -108,6 +109,8 @@ def replay_row(
     if report is None or not report.events:
         return
     summary.with_failures += 1
+    if not has_saved_report(row):
+        summary.derived += 1
     recorder = get_recorder()
     if all(event_id in recorder.index for event_id in report.events):
         return  # replayed (or recorded) here already: each event once

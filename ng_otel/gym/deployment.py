@@ -30,6 +30,7 @@ SERVER_TYPE_BOUNDARIES: Final = {
 }
 COLLECTION_COMMANDS: Final = frozenset({("eval", "run"), ("env", "collect"), ("rollout", "collect")})
 GYM_PROGRAMS: Final = frozenset({"gym", "nemo-gym", "ng_run", "ng_collect_rollouts"})
+RAY_PROCESS_MARK: Final = "_NG_OTEL_IN_RAY"  # set in Ray's processes, inherited by theirs (no setting)
 RAY_PACKAGE_PART: Final = f"{os.sep}ray{os.sep}"  # .../site-packages/ray/_private/workers/default_worker.py
 
 
@@ -54,11 +55,19 @@ def gym_process(environ: Mapping[str, str] | None = None, argv: Sequence[str] | 
     return GymProcess(service, "collection" if words in COLLECTION_COMMANDS else None)
 
 
-def is_ray_process(argv: Sequence[str] | None = None) -> bool:
+def is_ray_process(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> bool:
     """A worker, raylet helper or dashboard process Ray started: its program lives in Ray's
-    package (Gym starts a Ray cluster, and Ray's processes inherit Gym's environment)."""
+    package (Gym starts a Ray cluster, and Ray's processes inherit Gym's environment), or a
+    process one of them started (the dashboard's ``multiprocessing`` workers run ``-c``),
+    which ``mark_ray_process`` left a mark for."""
     args = sys.argv if argv is None else argv
-    return any(RAY_PACKAGE_PART in arg for arg in args[:2])
+    env = os.environ if environ is None else environ
+    return env.get(RAY_PROCESS_MARK) == "1" or any(RAY_PACKAGE_PART in arg for arg in args[:2])
+
+
+def mark_ray_process() -> None:
+    """Leave the mark for the processes this Ray process starts: they are Ray's too."""
+    os.environ[RAY_PROCESS_MARK] = "1"
 
 
 @functools.lru_cache(maxsize=8)

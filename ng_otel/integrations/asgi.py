@@ -219,6 +219,9 @@ class RaisedFailureRecorder:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # a lifespan cancelled at shutdown is no request's failure
+            await self.app(scope, receive, send)
+            return
         try:
             await self.app(scope, receive, send)
         except (Exception, asyncio.CancelledError) as error:

@@ -25,7 +25,8 @@ class NgOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         from ng_otel.gym import deployment
 
         if deployment.is_ray_process() and not ray_processes_wanted():
-            return  # Ray's workers inherit Gym's environment; their telemetry is Ray's
+            deployment.mark_ray_process()  # Ray's workers inherit Gym's environment; their telemetry is Ray's
+            return
         process = deployment.gym_process()
         if enable(default_service_name=process.service_name if process is not None else None) is None:
             return

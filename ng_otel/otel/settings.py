@@ -109,21 +109,22 @@ PARAMS: Final = (
         "distinct unregistered kinds labelled per process before further new ones count as `_other`",
     ),
     Param(
-        "ray_processes",
-        "NG_OTEL_RAY_PROCESSES",
-        parse_bool,
-        False,
-        "0",
-        "`1`: `opentelemetry-instrument` enables ng_otel in Ray's own processes too (workers, dashboard), "
-        "which inherit a Gym deployment's environment; off, they export nothing of ng_otel's",
-    ),
-    Param(
         "link_index_size",
         "NG_OTEL_LINK_INDEX_SIZE",
         parse_positive_int,
         10_000,
         "10000",
         "event ids whose span context a process remembers for links and exactly-once (LRU)",
+    ),
+    Param(
+        "ray_processes",
+        "NG_OTEL_RAY_PROCESSES",
+        parse_bool,
+        False,
+        "0",
+        "`1`: `opentelemetry-instrument` enables ng_otel in Ray's own processes too (workers, dashboard), "
+        "which inherit a Gym deployment's environment; off, they export nothing of ng_otel's (and `_NG_OTEL_IN_RAY=1` "
+        "marks them, so the processes they start are left out too)",
     ),
 )
 
