@@ -39,3 +39,26 @@ def test_a_console_exporter_delivers_even_when_the_otlp_endpoint_is_down(ng_otel
     env = {"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
     done = ng_otel_cli("doctor", env=env)
     assert done.returncode == 0 and "verdict: ok, with the problems above" in done.stdout
+
+
+def test_gym_telemetry_switched_on_is_judged_by_the_exporters_that_would_be_used(ng_otel_cli, tmp_path):
+    # nemo-lens 0.1.0 installs no provider inside Gym's init_telemetry; ng_otel then installs its
+    # own, so the OTEL_* exporters decide, and one that reaches nothing is a failure, not "ok".
+    (tmp_path / "nemo" / "lens").mkdir(parents=True)
+    (tmp_path / "nemo" / "lens" / "__init__.py").write_text("")
+    env = {
+        "NEMO_GYM_OTEL_ENABLED": "1",
+        "PYTHONPATH": str(tmp_path),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+    }
+    done = ng_otel_cli("doctor", env=env)
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 1, out
+    assert "NeMo Gym's telemetry (nemo-lens), where it installs them" in out
+    assert "nothing answers at http://127.0.0.1:9" in out and "verdict: failures would be recorded nowhere" in out
+
+
+def test_a_gym_server_is_named_after_its_gym_config_name(ng_otel_cli, otlp):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint, "NEMO_GYM_CONFIG_PATH": "policy_model"}
+    done = ng_otel_cli("doctor", env=env)
+    assert done.returncode == 0 and "service.name: policy_model" in done.stdout, done.stdout

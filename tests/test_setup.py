@@ -267,6 +267,42 @@ def test_where_gym_telemetry_owns_the_providers_ng_otel_records_through_them_and
     assert "Overriding of current" not in done.stderr  # nobody tried to replace Gym's providers
 
 
+GYM_INSTALLS_NONE = textwrap.dedent(
+    """
+    import ng_otel
+    from ng_otel import NgFailureEvent, record_failure
+    from ng_otel.otel.providers import settle_providers
+    from opentelemetry import trace
+
+    assert ng_otel.enable("agent-server") is not None  # as opentelemetry-instrument does, at start-up
+    # Gym's init_telemetry runs now and, with nemo-lens 0.1.0, installs nothing; then the app
+    # builds its middleware stack, where the instrumentor settles the providers.
+    settle_providers()
+    print("providers after the server started:", type(trace.get_tracer_provider()).__name__)
+    with trace.get_tracer("gym").start_as_current_span("POST /verify"):
+        record_failure(NgFailureEvent("judge_failed", "judge timed out", boundary="resources_server"))
+    from ng_otel.otel import shutdown
+    shutdown()
+    """
+)
+
+
+def test_where_gym_telemetry_is_on_but_installs_no_providers_ng_otel_installs_its_own_once_the_server_starts(
+    otlp, tmp_path
+):
+    # nemo-lens 0.1.0, the only one on the index, fails inside Gym's init_telemetry: switched
+    # on, importable, and no provider.
+    (tmp_path / "nemo" / "lens").mkdir(parents=True)
+    (tmp_path / "nemo" / "lens" / "__init__.py").write_text("")
+    env = {"NEMO_GYM_OTEL_ENABLED": "1", "PYTHONPATH": str(tmp_path), "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint}
+    done = run({**env, "OTEL_EXPORTER_OTLP_INSECURE": "true"}, script=GYM_INSTALLS_NONE)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "providers after the server started: TracerProvider"
+    assert otlp.wait_for(lambda: len(otlp.failure_events()) == 1)
+    (span,) = otlp.spans()
+    assert span["service"] == "agent-server" and span["name"] == "POST /verify"
+
+
 def test_gym_telemetry_switched_on_without_nemo_lens_leaves_ng_otel_installing_its_own():
     # Gym's telemetry cannot run without nemo-lens, so nobody else would install providers.
     done = run({"NEMO_GYM_OTEL_ENABLED": "1", "OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"})

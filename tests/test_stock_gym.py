@@ -358,3 +358,53 @@ def test_a_collection_failure_row_is_a_live_collection_event_saved_with_the_row_
     saved = row_report(row)
     assert saved.failure_id == event[names.ID] and row["_ng_failure_class"] == "agent_run_error"
     assert row[names.ROW_CONTEXTS][saved.failure_id] != "0" * 32 + "-" + "0" * 16
+
+
+class FailedReply:
+    """What collection's ``raise_for_status`` is handed for a failed ``/run``."""
+
+    def __init__(self, url, status):
+        self.url, self.status = url, status
+
+
+def fake_collection_module(monkeypatch):
+    module = types.ModuleType(collection_hook.MODULE)
+
+    async def raise_for_status(response, content=None):  # Gym 0.7.0's, abridged
+        if response.status >= 400:
+            raise ClientResponseError(response.status)
+
+    module.raise_for_status = raise_for_status
+    module._agent_request_failure_row = _agent_request_failure_row
+    monkeypatch.setitem(sys.modules, collection_hook.MODULE, module)
+    collection_hook.install()
+    return module
+
+
+def _agent_request_failure_row(exc, status):  # Gym 0.7.0's, abridged
+    ran = status is not None and status not in (429, 502, 503, 504)
+    return {
+        "_ng_failure_class": "agent_run_error" if ran else "agent_request_failed",
+        "_ng_failure_http_status": status,
+    }
+
+
+@pytest.mark.parametrize(("status", "kind"), [(500, "agent_run_error"), (503, "agent_request_failed")])
+def test_a_failed_run_is_a_collection_event_when_checked_even_where_the_run_ends_on_it(monkeypatch, status, kind):
+    module = fake_collection_module(monkeypatch)
+    with capture_failures() as telemetry:
+        with pytest.raises(ClientResponseError) as raised:
+            asyncio.run(module.raise_for_status(FailedReply("http://127.0.0.1:1/run", status)))
+        (event,) = telemetry.failure_events()  # before any row: a run without a sidecar ends here
+        assert (event[names.BOUNDARY], event[names.KIND], event[names.HTTP_STATUS]) == ("collection", kind, status)
+        row = module._agent_request_failure_row(raised.value, status)  # with a sidecar, its row saves that event
+        assert telemetry.failure_events() == [event]
+    assert row["_ng_failure_id"] == event[names.ID] and row["_ng_failure_class"] == kind
+
+
+def test_a_failed_reply_that_is_no_run_is_no_collection_failure(monkeypatch):
+    module = fake_collection_module(monkeypatch)
+    with capture_failures() as telemetry:
+        with pytest.raises(ClientResponseError):
+            asyncio.run(module.raise_for_status(FailedReply("http://127.0.0.1:1/aggregate_metrics", 500)))
+    assert telemetry.failure_events() == []

@@ -1,11 +1,14 @@
-"""NeMo Gym 0.7.0's rollout collection, live: each failure row it writes is a ``collection``
-event as it is written, saved with the row under the same id.
+"""NeMo Gym 0.7.0's rollout collection, live: each failed rollout is a ``collection`` event
+as collection learns of it, saved with its row under the same id.
 
-Collection turns a failed ``/run`` into a sidecar row in ``_agent_request_failure_row``
-(``nemo_gym/rollout_collection.py``; with ``+route_failures_to_sidecar=true``). That function
-is wrapped once the module is imported: the row's class is the event's kind, the agent's
-failure from the ``/run`` reply's report its cause, the span the ``/run`` request went out on
-its place in the trace. A successful ``/run`` reply's report (a judge failure the rollout was
+Collection checks each ``/run`` reply with ``raise_for_status`` and, with
+``+route_failures_to_sidecar=true``, turns a failed one into a sidecar row in
+``_agent_request_failure_row`` (``nemo_gym/rollout_collection.py``); without it the run ends
+there. Both are wrapped once the module is imported: a failed ``/run`` reply is a
+``collection`` event when it is checked (before a run can end on it), of the class Gym gives
+its row, caused by the agent's failure from the reply's report, on a short span under the one
+the ``/run`` request went out on; its row saves that event (a ``/run`` that got no reply is
+recorded with its row). A successful ``/run`` reply's report (a judge failure the rollout was
 masked for) is saved with its row the same way, where collection reads the reply
 (``get_response_json``). Rows gain the contract's keys (``_ng_failure_events``,
 ``_ng_failure_id``, ``_ng_failure_contexts``), so ``show``, ``summary`` and ``replay`` read
@@ -24,9 +27,10 @@ from typing import Any, Final
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan
 
+from ng_otel.contract.report import FailureReport
 from ng_otel.contract.rows import ROW_FAILURE_CLASS
 from ng_otel.gym.collection import report_row
-from ng_otel.gym.failures import escaped_failure
+from ng_otel.gym.failures import collection_failure_kind, escaped_failure
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.recorder import get_recorder, is_enabled
 from ng_otel.otel.replies import reply_of
@@ -34,6 +38,9 @@ from ng_otel.otel.replies import reply_of
 MODULE: Final = "nemo_gym.rollout_collection"
 ROW_FUNCTION: Final = "_agent_request_failure_row"
 RESULT_FUNCTION: Final = "get_response_json"  # how collection reads a /run reply's row
+CHECK_FUNCTION: Final = "raise_for_status"  # how collection checks a /run reply
+RUN_PATH: Final = "/run"
+_RECORDED: Final = "_ng_otel_collection_report"
 WHERE: Final = "rollout collection"
 
 
@@ -60,6 +67,20 @@ def _wrap(module: ModuleType) -> None:
         failure_row._ng_otel_patched = True  # type: ignore[attr-defined]
         setattr(module, ROW_FUNCTION, failure_row)
 
+    check = getattr(module, CHECK_FUNCTION, None)
+    if check is not None and not getattr(check, "_ng_otel_patched", False):
+
+        @functools.wraps(check)
+        async def raise_for_status(response: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                await check(response, *args, **kwargs)
+            except Exception as error:
+                _failed_run(response, error)  # the run may end here: recorded before it does
+                raise
+
+        raise_for_status._ng_otel_patched = True  # type: ignore[attr-defined]
+        setattr(module, CHECK_FUNCTION, raise_for_status)
+
     read_json = getattr(module, RESULT_FUNCTION, None)
     if read_json is not None and not getattr(read_json, "_ng_otel_patched", False):
 
@@ -85,16 +106,42 @@ def _saved_report(response: Any) -> dict[str, Any] | None:
 
 
 @guarded
+def _failed_run(response: Any, error: BaseException) -> None:
+    """A ``/run`` reply failed: collection's event now, whether the run goes on (the row
+    saves it, ``_saved_failure``) or ends here (``route_failures_to_sidecar`` off)."""
+    url = str(getattr(response, "url", ""))
+    status = getattr(response, "status", None)
+    if is_enabled() and url.split("?", 1)[0].endswith(RUN_PATH) and isinstance(status, int):
+        _record(error, status, collection_failure_kind(status))
+
+
+@guarded
 def _saved_failure(exc: BaseException, status: int | None, row: dict[str, Any]) -> dict[str, Any] | None:
     if not is_enabled():
         return None
-    kind = row.get(ROW_FAILURE_CLASS)
-    report = escaped_failure(exc, "collection", WHERE, http_status=status, kind=kind if isinstance(kind, str) else None)
-    evidence = reply_of(exc)
+    report = _recorded(exc)
+    if report is None:  # no reply to check (a dropped connection, a timeout): recorded with its row
+        kind = row.get(ROW_FAILURE_CLASS)
+        report = _record(exc, status, kind if isinstance(kind, str) else None)
+    return report_row(report)
+
+
+def _record(error: BaseException, status: int | None, kind: str | None) -> FailureReport:
+    report = escaped_failure(error, "collection", WHERE, http_status=status, kind=kind)
+    evidence = reply_of(error)
     # The /run request's span has ended: the event goes on a short span under it, in its trace.
     where = NonRecordingSpan(evidence.context if evidence is not None else INVALID_SPAN_CONTEXT)
     get_recorder().record(report, where, own=True)
-    return report_row(report)
+    try:
+        setattr(error, _RECORDED, report)  # the row written for it saves this event, not another
+    except (AttributeError, TypeError):
+        pass
+    return report
+
+
+def _recorded(error: BaseException) -> FailureReport | None:
+    report = error.__dict__.get(_RECORDED) if hasattr(error, "__dict__") else None
+    return report if isinstance(report, FailureReport) else None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -124,6 +124,17 @@ def _body_of(error: BaseException) -> str:
     return ""
 
 
+# rollout_collection._SERVER_DID_NOT_RUN_STATUSES: statuses something in front of the server
+# answers with, so the rollout never ran; any other status means it ran and broke.
+GATEWAY_STATUSES: Final = frozenset({429, 502, 503, 504})
+
+
+def collection_failure_kind(status: int | None) -> str:
+    """The class Gym 0.7.0's collection gives a failed ``/run`` (``_agent_request_failure_row``)."""
+    ran = status is not None and status not in GATEWAY_STATUSES
+    return k.AGENT_RUN_ERROR if ran else k.AGENT_REQUEST_FAILED
+
+
 def attempt_kind(error: BaseException, boundary: str) -> str | None:
     """The kind of one failed attempt of Gym's request loop (``server_utils.request``), which
     resends on any exception (dropped connections forever, others up to three tries); a
