@@ -95,12 +95,13 @@ def _start(context: SimpleNamespace, params: TraceRequestStartParams) -> None:
     context.ng_otel_start = time.time_ns()
     if TRACEPARENT in params.headers:  # Gym's own telemetry or contrib's instrumentation carried it
         return
-    span = trace.get_current_span()
-    if not span.get_span_context().is_valid:
-        span = get_recorder().tracer.start_span(
-            params.method, kind=SpanKind.CLIENT, attributes=_request_attributes(params.method, params.url)
-        )
-        context.ng_otel_span = span
+    if trace.get_current_span().get_span_context().is_valid:
+        propagate.inject(params.headers)  # the current context: the handler's server span
+        return
+    span = get_recorder().tracer.start_span(
+        params.method, kind=SpanKind.CLIENT, attributes=_request_attributes(params.method, params.url)
+    )
+    context.ng_otel_span = span
     propagate.inject(params.headers, context=trace.set_span_in_context(span))
 
 
