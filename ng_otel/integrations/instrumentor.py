@@ -35,6 +35,9 @@ class NgOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         _patch_aiohttp_sessions()
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        from ng_otel.integrations import hooks
+
+        hooks.reset()
         while _PATCHED:
             owner, name, original = _PATCHED.pop()
             setattr(owner, name, original)
@@ -101,6 +104,7 @@ def _patch_aiohttp_sessions() -> None:
     def make(original: Any) -> Any:
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, trace_configs: Any = None, **kwargs: Any) -> None:
+            settle_providers()  # a process without a web app (collection) has run Gym's set-up by now
             configs = list(trace_configs or [])
             configs.append(failure_trace_config())
             original(self, *args, trace_configs=configs, **kwargs)
