@@ -62,3 +62,16 @@ def test_a_gym_server_is_named_after_its_gym_config_name(ng_otel_cli, otlp):
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint, "NEMO_GYM_CONFIG_PATH": "policy_model"}
     done = ng_otel_cli("doctor", env=env)
     assert done.returncode == 0 and "service.name: policy_model" in done.stdout, done.stdout
+
+
+SECRET = "s3cr3t-Pa55"
+
+
+@pytest.mark.parametrize(
+    "endpoint", [f"http://user:{SECRET}@127.0.0.1:9", f"http://127.0.0.1:9/v1/traces?token={SECRET}&tenant=a"]
+)
+def test_credentials_in_an_endpoint_are_never_printed(ng_otel_cli, endpoint):
+    done = ng_otel_cli("doctor", env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    assert done.returncode == 1  # nothing answers there
+    assert SECRET not in done.stdout + done.stderr
+    assert "127.0.0.1:9" in done.stdout and "***" in done.stdout  # the endpoint is still shown, redacted

@@ -129,6 +129,18 @@ def test_a_bad_setting_leaves_everything_off_with_one_warning_naming_it(env, war
     assert "secret" not in done.stderr
 
 
+def test_the_not_enabled_warning_never_quotes_the_credentials_of_an_endpoint():
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://user:s3cr3t@127.0.0.1:4317/?token=s3cr3t",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon",
+    }
+    done = run({"OTEL_METRICS_EXPORTER": "none", **env})
+    assert done.returncode == 0, done.stderr
+    (warning,) = [line for line in done.stderr.splitlines() if "ng_otel" in line]
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT='http://***@127.0.0.1:4317/?token=***'" in warning
+    assert "s3cr3t" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("call", "error"),
     [

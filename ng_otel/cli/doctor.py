@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ng_otel.otel.settings import PARAMS, Settings, SettingsError
+from ng_otel.otel.settings import PARAMS, Settings, SettingsError, redact
 
 SIGNALS = ("traces", "metrics", "logs")
 CONNECT_SECONDS = 1.0
@@ -141,9 +141,9 @@ def _answers(endpoint: str) -> bool:
 def _judge_exporters(found: Diagnosis, settings: Settings | None) -> None:
     for exporter in found.exporters:
         if exporter.error:
-            found.problems.append(f"OTEL_{exporter.signal.upper()}_EXPORTER: {exporter.error}")
+            found.problems.append(redact(f"OTEL_{exporter.signal.upper()}_EXPORTER: {exporter.error}"))
         elif exporter.answers is False:
-            found.problems.append(f"{exporter.signal}: nothing answers at {exporter.endpoint}")
+            found.problems.append(f"{exporter.signal}: nothing answers at {redact(exporter.endpoint)}")
     # Spans carry the events, metrics the counts: one of them must get somewhere.
     delivering = [
         e
@@ -173,8 +173,8 @@ def run_doctor(console: Console) -> int:
         exporters = Table("signal", "exporter", "class", "endpoint", "answers", title="exporters")
         for e in found.exporters:
             answers = "" if e.answers is None else "yes" if e.answers else "[red]no[/red]"
-            shown = escape(e.error) if e.error else escape(e.target)
-            exporters.add_row(e.signal, escape(e.name), shown, escape(e.endpoint), answers)
+            shown = escape(redact(e.error)) if e.error else escape(e.target)
+            exporters.add_row(e.signal, escape(e.name), shown, escape(redact(e.endpoint)), answers)
         console.print(exporters)
     frameworks = ", ".join(f"{name} {version}" for name, version in found.frameworks)
     console.print(f"frameworks: {escape(frameworks)}")

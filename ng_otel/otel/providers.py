@@ -35,7 +35,7 @@ from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.export import LossCountingSpanExporter
 from ng_otel.otel.recorder import FailureRecorder, install_recorder
-from ng_otel.otel.settings import Settings, SettingsError, warn_not_enabled
+from ng_otel.otel.settings import Settings, SettingsError, redact, warn_not_enabled
 
 _log = logging.getLogger("ng_otel")
 SDK_SELF_METRICS = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
@@ -144,7 +144,7 @@ def _install_own(
     try:
         built = _build(resource.make(), wants_logs, tracer_provider, meter_provider, logger_provider)
     except Exception as error:
-        _stay_off(f"{type(error).__name__}: {error} ({_otel_variables()})")
+        _stay_off(redact(f"{type(error).__name__}: {error}") + f" ({_otel_variables()})")
         return False
     _install(*built)
     _flush_on_sigterm()
@@ -182,7 +182,7 @@ def _stay_off(reason: str) -> None:
 def _otel_variables() -> str:
     """The OTEL_* variables set here, for an error message (secrets never quoted)."""
     shown = [
-        f"{name}={value[:60]!r}" if not any(part in name for part in _SECRET_VARIABLE_PARTS) else f"{name}=<set>"
+        f"{name}=<set>" if any(part in name for part in _SECRET_VARIABLE_PARTS) else f"{name}={redact(value)[:60]!r}"
         for name, value in sorted(os.environ.items())
         if name.startswith("OTEL_")
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,23 @@ def warn_not_enabled(reason: str) -> None:
             return
         _warned.add(reason)
     logging.getLogger("ng_otel").warning("ng_otel: not enabled: %s", reason)
+
+
+_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@\s]*@)?(?P<rest>[^\s'\"<>]*)")
+_QUERY_VALUE = re.compile(r"(?P<key>[?&;][^=&;#\s]+=)[^&;#\s]*")
+REDACTED: Final = "***"
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``: the userinfo
+    (``user:secret@``) and every query value (``?token=...``), which endpoints may carry.
+    Whatever ng_otel prints of an endpoint or a variable goes through this."""
+
+    def one(url: re.Match[str]) -> str:
+        userinfo = f"{REDACTED}@" if url["userinfo"] else ""
+        return url["scheme"] + userinfo + _QUERY_VALUE.sub(lambda q: q["key"] + REDACTED, url["rest"])
+
+    return _URL.sub(one, text)
 
 
 def parse_bool(raw: str) -> bool:
