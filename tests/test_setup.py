@@ -129,6 +129,33 @@ def test_a_bad_setting_leaves_everything_off_with_one_warning_naming_it(env, war
     assert "secret" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "loss"),
+    [
+        ("OTEL_SPAN_EVENT_COUNT_LIMIT", "0", "every ng.failure event would be dropped"),
+        ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "16", "event ids and kinds would be cut"),
+        ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "20", "a span's error.type (its failure's kind) would be cut"),
+        ("OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "5", "attributes of an ng.failure event would be dropped"),
+        ("OTEL_SPAN_LINK_COUNT_LIMIT", "0", "every cause link would be dropped"),
+        ("OTEL_LINK_ATTRIBUTE_COUNT_LIMIT", "1", "attributes of a cause link would be dropped"),
+    ],
+)
+def test_span_limits_that_would_cut_or_drop_failures_are_refused_with_one_warning_naming_the_variable(
+    variable, value, loss
+):
+    done = run({"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none", variable: value})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["disabled"]  # nothing recorded, nothing cut
+    (warning,) = [line for line in done.stderr.splitlines() if "ng_otel" in line]
+    assert f"not enabled: {variable}={value}: {loss}" in warning
+
+
+def test_span_limits_that_keep_everything_ng_otel_exports_are_fine():
+    env = {"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "128", "OTEL_SPAN_EVENT_COUNT_LIMIT": "1"}
+    done = run({"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none", **env})
+    assert done.returncode == 0 and '"name": "ng.failure"' in done.stdout, done.stderr
+
+
 def test_the_not_enabled_warning_never_quotes_the_credentials_of_an_endpoint():
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://user:s3cr3t@127.0.0.1:4317/?token=s3cr3t",

@@ -32,6 +32,24 @@ HTTP_METHOD: Final = "http.request.method"
 URL_FULL: Final = "url.full"  # without its query, which may hold keys
 ERROR_TYPE: Final = "error.type"
 
+EVENT_ATTRIBUTES: Final = (
+    ID,
+    BOUNDARY,
+    KIND,
+    REASON,
+    RECOVERED,
+    CLASS,
+    CAUSE_ID,
+    STAGE,
+    HTTP_STATUS,
+    OPERATION,
+    FOREIGN_TYPE,
+    FOREIGN_MESSAGE,
+)
+"""Every attribute an ``ng.failure`` event may carry, besides one of its context's
+(``ng.verify.masked`` on a verify outcome, ``http.request.resend_count`` on a failed attempt)."""
+LINK_ATTRIBUTES_COUNT: Final = 3  # ng.link.type, ng.failure.id, ng.failure.cause_id
+
 LINK_TYPE: Final = "ng.link.type"
 LINK_CAUSED_BY: Final = "caused_by"
 LINK_REPLAY_OF: Final = "replay_of"  # from a replayed span to the live span its events were first recorded on

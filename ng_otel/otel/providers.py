@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import LoggerProvider, get_logger_provider, set_logger_provider
@@ -31,6 +31,8 @@ from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.trace import ProxyTracerProvider, TracerProvider
 
 from ng_otel._version import __version__
+from ng_otel.contract.events import MAX_ID_CHARS
+from ng_otel.contract.kinds import MAX_KIND_CHARS
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.export import LossCountingSpanExporter
@@ -109,6 +111,10 @@ def _enable(
             install_recorder(None, enabled=False)
             return None
         wants_logs = "logs" in settings.signals
+        limits_problem = span_limits_problem() if "spans" in settings.signals else None
+        if limits_problem is not None:
+            _stay_off(limits_problem)
+            return None
         if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
             pass  # the no-op API: nothing to build
         elif gym_telemetry_installs_providers() and not any((tracer_provider, meter_provider, logger_provider)):
@@ -165,6 +171,55 @@ def settle_providers() -> None:
             _log.info("ng_otel: NeMo Gym's telemetry installed no providers; ng_otel installs its own")
         for install_own in pending:
             install_own()
+
+
+# (SpanLimits attribute, the variables it reads, the least ng_otel needs, what less would lose)
+SPAN_LIMITS_NEEDED: Final = (
+    ("max_events", ("OTEL_SPAN_EVENT_COUNT_LIMIT",), 1, "every ng.failure event would be dropped"),
+    ("max_links", ("OTEL_SPAN_LINK_COUNT_LIMIT",), 1, "every cause link would be dropped"),
+    (
+        "max_event_attributes",
+        ("OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",),
+        len(names.EVENT_ATTRIBUTES) + 1,
+        "attributes of an ng.failure event would be dropped",
+    ),
+    (
+        "max_link_attributes",
+        ("OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",),
+        names.LINK_ATTRIBUTES_COUNT,
+        "attributes of a cause link would be dropped",
+    ),
+    (
+        "max_attribute_length",
+        ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",),
+        MAX_ID_CHARS,
+        "event ids and kinds would be cut, and no longer match the reports and saved rows",
+    ),
+    (
+        "max_span_attribute_length",
+        ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"),
+        MAX_KIND_CHARS,
+        "a span's error.type (its failure's kind) would be cut",
+    ),
+)
+
+
+def span_limits_problem() -> str | None:
+    """Why the SDK's span limits from the ``OTEL_*`` variables would cut or drop what ng_otel
+    exports (naming the variable), or ``None``. Nothing can work around a limit below what an
+    id or an event needs, so ``enable()`` refuses it instead of losing failures silently."""
+    from opentelemetry.sdk.trace import SpanLimits
+
+    try:
+        limits = SpanLimits()
+    except ValueError:
+        return None  # a malformed limit: the SDK rejects it when the provider is built, and says so
+    for attribute, variables, least, loss in SPAN_LIMITS_NEEDED:
+        value = getattr(limits, attribute)
+        if value is not None and value < least:
+            variable = next((name for name in variables if os.environ.get(name, "").strip()), variables[0])
+            return f"{variable}={value}: {loss} (ng_otel needs at least {least})"
+    return None
 
 
 def ray_processes_wanted() -> bool:
