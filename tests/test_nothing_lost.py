@@ -298,6 +298,53 @@ def test_a_second_sigterm_during_a_slow_flush_ends_the_process_at_once(tmp_path)
         collector.close()
 
 
+SHUTDOWN_THEN_SIGTERM = SLOW_FLUSH.replace(
+    "signal.pause()", "from ng_otel.otel.providers import shutdown\nshutdown()\nprint('shut down', flush=True)"
+)
+
+
+def test_a_sigterm_while_shutdown_flushes_lets_the_flush_finish_then_ends_the_process(tmp_path):
+    # The handler used to call shutdown() again, on the thread holding shutdown()'s lock: alive
+    # at 40 s against a collector that never answers. Now the flush ends within the exporter's
+    # timeout and the process ends as SIGTERM says.
+    collector = socket.socket()
+    collector.bind(("127.0.0.1", 0))
+    collector.listen(8)
+    collector.settimeout(30)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
+    env |= {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.getsockname()[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", SHUTDOWN_THEN_SIGTERM], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        connection, _ = collector.accept()  # shutdown() is flushing: the exporter is connected
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=20) == -signal.SIGTERM
+        assert child.stdout.read() == ""  # it ended when the flush did, not after going on
+        connection.close()
+    finally:
+        child.kill()
+        child.wait()
+        collector.close()
+
+
+@pytest.mark.parametrize(("value", "handler"), [("1", "flush_then_terminate"), ("0", "0")])  # 0: SIG_DFL
+def test_the_sigterm_handler_is_a_setting(value, handler):
+    script = "import signal, ng_otel\nng_otel.enable('svc')\nh = signal.getsignal(signal.SIGTERM)\n"
+    script += "print(getattr(h, '__name__', h))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
+    env |= {"NG_OTEL_SIGTERM_FLUSH": value, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == handler, done.stderr
+
+
 class MeasuredChunk(bytes):
     """A body chunk that counts how often its length is taken."""
 

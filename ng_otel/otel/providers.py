@@ -46,6 +46,8 @@ _installed: FailureRecorder | None = None
 _owned: list[Any] = []  # providers enable() created, flushed and shut down by shutdown()
 _span_exporters: list[LossCountingSpanExporter] = []  # what those providers' span exporters reported
 _deferred: list[Callable[[], bool]] = []  # provider installs waiting for Gym's telemetry set-up
+_shutting_down = threading.Event()  # shutdown() is flushing
+_terminate_after_shutdown = threading.Event()  # a SIGTERM arrived meanwhile
 
 # NeMo Gym 0.7.0 (nemo_gym/telemetry/setup.py, is_telemetry_env_enabled): the first of these
 # that is set decides, and its telemetry needs nemo-lens to run at all.
@@ -121,8 +123,8 @@ def _enable(
             # Gym's set-up runs when its server starts, after this; whether it installed any
             # providers is known only then (nemo-lens 0.1.0 installs none): settle_providers().
             _log.info("ng_otel: NeMo Gym's telemetry is on; ng_otel records through the providers it installs")
-            _deferred.append(lambda: _install_own(resource, wants_logs, None, None, None))
-        elif not _install_own(resource, wants_logs, tracer_provider, meter_provider, logger_provider):
+            _deferred.append(lambda: _install_own(resource, settings, None, None, None))
+        elif not _install_own(resource, settings, tracer_provider, meter_provider, logger_provider):
             return None
         tracer_provider = tracer_provider or trace.get_tracer_provider()
         meter_provider = meter_provider or metrics.get_meter_provider()
@@ -140,7 +142,7 @@ def _enable(
 
 def _install_own(
     resource: _Resource,
-    wants_logs: bool,
+    settings: Settings,
     tracer_provider: TracerProvider | None,
     meter_provider: MeterProvider | None,
     logger_provider: LoggerProvider | None,
@@ -148,12 +150,13 @@ def _install_own(
     """Build and install every provider not given and not installed yet; False (ng_otel
     off, one WARNING) when the SDK or an exporter rejects the ``OTEL_*`` configuration."""
     try:
-        built = _build(resource.make(), wants_logs, tracer_provider, meter_provider, logger_provider)
+        built = _build(resource.make(), "logs" in settings.signals, tracer_provider, meter_provider, logger_provider)
     except Exception as error:
         _stay_off(redact(f"{type(error).__name__}: {error}") + f" ({_otel_variables()})")
         return False
     _install(*built)
-    _flush_on_sigterm()
+    if settings.sigterm_flush:
+        _flush_on_sigterm()
     _quiet_repeated_sdk_warnings()
     return True
 
@@ -475,6 +478,11 @@ def _flush_on_sigterm() -> None:
         # A second SIGTERM during the flush means "now": it meets the default action, not
         # this handler waiting on the shutdown the first one started.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _shutting_down.is_set():
+            # shutdown() is flushing already, perhaps on the very thread this handler
+            # interrupted (its lock is not re-entrant): it ends the process once it is done.
+            _terminate_after_shutdown.set()
+            return
         shutdown()
         signal.raise_signal(signal.SIGTERM)
 
@@ -500,9 +508,15 @@ def flush(timeout_millis: int = 5_000) -> None:
 def shutdown() -> None:
     """Flush and shut down the providers ``enable()`` created; others belong to the app."""
     global _installed
-    with _lock:
-        for provider in _owned:
-            provider.shutdown()
-        _owned.clear()
-        _installed = None
-        install_recorder(None)
+    _shutting_down.set()
+    try:
+        with _lock:
+            for provider in _owned:
+                provider.shutdown()
+            _owned.clear()
+            _installed = None
+            install_recorder(None)
+    finally:
+        _shutting_down.clear()
+        if _terminate_after_shutdown.is_set():
+            signal.raise_signal(signal.SIGTERM)  # a SIGTERM came during the flush: it ends the process now

@@ -135,6 +135,15 @@ PARAMS: Final = (
         "event ids whose span context a process remembers for links and exactly-once (LRU)",
     ),
     Param(
+        "sigterm_flush",
+        "NG_OTEL_SIGTERM_FLUSH",
+        parse_bool,
+        True,
+        "1",
+        "where nothing else handles SIGTERM and `enable()` installed the providers, a SIGTERM handler flushes "
+        "them (bounded by the exporters' timeouts) and then ends the process as SIGTERM would; `0`: no handler",
+    ),
+    Param(
         "ray_processes",
         "NG_OTEL_RAY_PROCESSES",
         parse_bool,
@@ -153,6 +162,7 @@ class Settings:
     signals: frozenset[str] = frozenset({"spans"})
     max_kinds: int = 200
     link_index_size: int = 10_000
+    sigterm_flush: bool = True
     ray_processes: bool = False
     sources: Mapping[str, Source] = field(default_factory=dict, compare=False, repr=False)
     """Where each value came from: ``argument``, ``environment`` or ``default``."""
