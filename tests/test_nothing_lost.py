@@ -371,3 +371,90 @@ def test_holding_a_verify_reply_takes_each_chunks_length_once_not_once_per_later
         status, _, body = asyncio.run(call(FailureReportMiddleware(app), "/verify"))
     assert status == 200 and body.strip() == b'{"reward": 1.0}'
     assert MeasuredChunk.lengths_taken <= 2 * len(chunks)  # a sum over all held chunks per chunk: ~2,000,000
+
+
+# -- a report the app set itself, and a peer's claims about our own events ----------------------
+
+
+def _forwarded_report():
+    forwarded = NgFailureEvent("transport_timeout", "the callee's model timed out", boundary="model")
+    return forwarded, FailureReport({forwarded.event_id: forwarded.to_record()}, forwarded.event_id)
+
+
+def test_a_report_the_app_set_itself_joins_ng_otels_in_one_header_on_an_asgi_reply():
+    from fastapi.responses import JSONResponse
+
+    from tests.conftest import call
+
+    forwarded, report = _forwarded_report()
+    local = NgFailureEvent("agent_timeout", "a step was retried", boundary="agent")
+    app = FastAPI()
+
+    @app.post("/proxy")
+    async def proxy():
+        ng_otel_observe(local)
+        return JSONResponse(
+            {"ok": True}, headers={"X-NG-Failure-Report": report.to_header()}
+        )  # the callee's, forwarded
+
+    sent = []
+    with capture_failures():
+        asyncio.run(call(instrument_app(app), "/proxy", sent=sent))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    values = [value for name, value in start["headers"] if name.lower() == b"x-ng-failure-report"]
+    assert len(values) == 1, values  # aiohttp's headers.get would read the first, stale one
+    assert set(FailureReport.from_header(values[0]).events) == {forwarded.event_id, local.event_id}
+
+
+def test_a_report_the_app_set_itself_joins_ng_otels_in_one_header_on_an_aiohttp_reply():
+    import aiohttp
+    from aiohttp import web
+
+    from ng_otel.integrations.aiohttp import failure_report_middleware
+
+    forwarded, report = _forwarded_report()
+    local = NgFailureEvent("agent_timeout", "a step was retried", boundary="agent")
+
+    async def proxy(request):
+        ng_otel_observe(local)
+        return web.json_response({"ok": True}, headers={"X-NG-Failure-Report": report.to_header()})
+
+    async def scenario():
+        app = web.Application(middlewares=[failure_report_middleware])
+        app.add_routes([web.post("/proxy", proxy)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/proxy"
+                async with session.post(url) as response:
+                    return response.headers.getall("X-NG-Failure-Report")
+        finally:
+            await runner.cleanup()
+
+    with capture_failures():
+        values = asyncio.run(scenario())
+    assert len(values) == 1, values
+    assert set(FailureReport.from_header(values[0]).events) == {forwarded.event_id, local.event_id}
+
+
+def test_a_peers_context_map_never_moves_an_event_recorded_here():
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from ng_otel.otel.links import encode_context_header
+
+    local = NgFailureEvent("transport_timeout", "model timed out", boundary="model")
+    report = FailureReport({local.event_id: local.to_record()}, local.event_id)
+    forged = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1))
+    with capture_failures() as telemetry:
+        with telemetry.tracer.start_as_current_span("model POST /v1/responses") as span:
+            ng_otel_record(local)
+        headers = {
+            "X-NG-Failure-Report": report.to_header(),
+            "X-NG-Failure-Context": encode_context_header({local.event_id: forged}),
+        }
+        observe_reply(headers.get, "agent")  # a peer claims our event lives on its span
+        assert telemetry.recorder.index.get(local.event_id) == span.get_span_context()
+        assert len(telemetry.failure_events()) == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from ng_otel.contract.events import NgFailureEvent, bound_text
 from ng_otel.contract.header import OMITTED_VALUE, REPORT_HEADER, encode_ascii_json
@@ -73,9 +73,12 @@ def record_escaped(error: BaseException) -> None:
 
 
 @guarded
-def observe_reply(get_header: Callable[[str], str | None], boundary: str) -> FailureReport | None:
-    """Learn what a callee's reply says failed, feed the current request's failure log, and
-    return the decoded report (``None`` when the reply carries none or it was malformed)."""
+def observe_reply(
+    get_header: Callable[[str], str | None], boundary: str, log: FailureLog | None = None
+) -> FailureReport | None:
+    """Learn what a callee's reply says failed, feed the request's failure log (``log``,
+    default the current one), and return the decoded report (``None`` when the reply carries
+    none or it was malformed)."""
     if not is_enabled():
         return None
     raw = get_header(REPORT_HEADER)
@@ -98,10 +101,21 @@ def observe_reply(get_header: Callable[[str], str | None], boundary: str) -> Fai
             contexts = None  # the peer did export them; we only lose the links
         recorder.learn_remote(report, contexts)
         recorder.record(report, own=False)  # the events the callee's map does not name are ours to export
-    log = current_failure_log()
+    log = log if log is not None else current_failure_log()
     if log is not None:
         log.add(report, own=False)
     return report
+
+
+FAILURE_HEADERS: Final = frozenset({REPORT_HEADER.lower(), names.CONTEXT_HEADER.lower()})
+
+
+def adopt_app_headers(get_header: Callable[[str], str | None], log: FailureLog, boundary: str) -> None:
+    """A report the app put on its own reply (a proxy forwarding its callee's) joins the
+    request's log, as a callee's would, so the reply carries one ``X-NG-Failure-Report`` with
+    every event instead of the app's, stale, beside ng_otel's."""
+    if get_header(REPORT_HEADER) is not None:
+        observe_reply(get_header, boundary, log)
 
 
 def _protocol_violation(header: str, raw: Any, error: ValueError, boundary: str) -> None:

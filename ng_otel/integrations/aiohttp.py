@@ -32,7 +32,13 @@ from opentelemetry.trace import SpanKind
 
 from ng_otel.contract.events import ForeignError, NgFailureEvent, bound_text
 from ng_otel.contract.report import FailureReport, rebuild_failure
-from ng_otel.integrations._exchange import failure_reply, observe_reply, reply_headers
+from ng_otel.integrations._exchange import (
+    FAILURE_HEADERS,
+    adopt_app_headers,
+    failure_reply,
+    observe_reply,
+    reply_headers,
+)
 from ng_otel.integrations.hooks import rules
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
@@ -223,7 +229,10 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
             status, body, report = answer
             record_failure(report)
             response = web.Response(status=status, body=body, content_type="application/json")
-        if not response.prepared:
+        if not response.prepared and log:
+            adopt_app_headers(response.headers.get, log, rules.client_boundary)  # the app may have set its own
+            for name in FAILURE_HEADERS:
+                response.headers.popall(name, None)
             for name, value in reply_headers(log) or []:
                 response.headers[name] = value
         if isinstance(response, web.HTTPException):

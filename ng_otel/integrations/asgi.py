@@ -24,13 +24,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import trace
 
 from ng_otel.contract.header import decode_json
 from ng_otel.gym.episodes import record_verify_outcome
-from ng_otel.integrations._exchange import failure_reply, record_escaped, reply_headers
+from ng_otel.integrations._exchange import (
+    FAILURE_HEADERS,
+    adopt_app_headers,
+    failure_reply,
+    record_escaped,
+    reply_headers,
+)
+from ng_otel.integrations.hooks import rules
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import FailureLog, close_failure_log, open_failure_log
@@ -148,7 +155,11 @@ class _Reply:
     async def _start(self, message: Message) -> None:
         self.started = True
         if self._log and not self._stream:
-            message = {**message, "headers": [*message.get("headers", ()), *_encoded(reply_headers(self._log) or [])]}
+            headers = message.get("headers", ())
+            if any(name.lower() in _FAILURE_HEADER_NAMES for name, _ in headers):  # the app set its own
+                adopt_app_headers(_header_getter(headers), self._log, rules.client_boundary)
+                headers = [(name, value) for name, value in headers if name.lower() not in _FAILURE_HEADER_NAMES]
+            message = {**message, "headers": [*headers, *_encoded(reply_headers(self._log) or [])]}
         await self._send(message)
 
     async def _release(self, *, more_body: bool) -> None:
@@ -186,6 +197,17 @@ class _Reply:
         ]
         if lines:
             await self._send({"type": "http.response.body", "body": "".join(lines).encode("ascii"), "more_body": True})
+
+
+_FAILURE_HEADER_NAMES: Final = frozenset(name.encode("ascii") for name in FAILURE_HEADERS)
+
+
+def _header_getter(headers: Any) -> Callable[[str], str | None]:
+    def get(name: str) -> str | None:
+        wanted = name.lower().encode("ascii")
+        return next((bytes(value).decode("latin-1") for key, value in headers if key.lower() == wanted), None)
+
+    return get
 
 
 def _content_type(headers: Any) -> bytes:

@@ -150,15 +150,18 @@ class FailureRecorder:
 
     def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> None:
         """Remember events a callee already exported (``X-NG-Failure-Context``), so effects
-        here link to their spans and the events are never exported again. ``None`` (the
-        callee's map was omitted) marks every event of ``report`` as exported, unlinked."""
+        here link to their spans and the events are never exported again; an event this
+        process already knows keeps the span it knows. ``None`` (the callee's map was omitted)
+        marks every event of ``report`` as exported, unlinked."""
         if contexts is None:
             for event_id in report.events:
                 self.index.add(event_id, INVALID_SPAN_CONTEXT)
             return
         for event_id, context in contexts.items():
             if event_id in report.events:
-                self.index.set(event_id, context)
+                # First word wins: an event recorded here, or learned from the peer that exported
+                # it, keeps its span, whatever a later peer's map claims.
+                self.index.add(event_id, context)
 
     def _record_late(
         self, record: Mapping[str, Any], target: _Target, recovered: bool, own: bool, terminal: bool
