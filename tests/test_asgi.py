@@ -325,3 +325,23 @@ def test_the_apps_own_error_handler_keeps_answering_and_its_reply_carries_the_re
     assert start["status"] == 418 and b'{"answered_by":"the app"}' in b"".join(m.get("body", b"") for m in sent[1:])
     assert FailureReport.from_header(headers["x-ng-failure-report"]).failure_id is not None
     assert telemetry.count() == 2
+
+
+@pytest.mark.parametrize("key", [500, Exception])
+def test_an_error_handler_that_raises_still_leaves_a_reply_with_the_report(key, caplog):
+    app = make_app()
+
+    @app.exception_handler(key)
+    async def broken(request: Request, error: Exception):
+        raise RuntimeError("the handler has a bug")
+
+    sent = []
+    with capture_failures() as telemetry, pytest.raises(NgFailureEvent):  # the failure itself still reaches the server
+        asyncio.run(call(instrument_app(app), "/raise", sent=sent))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {name.decode(): value.decode() for name, value in start["headers"]}
+    # What Starlette's ServerErrorMiddleware and the server answer then, plus the report.
+    assert start["status"] == 500 and b"".join(m.get("body", b"") for m in sent[1:]) == b"Internal Server Error"
+    assert FailureReport.from_header(headers["x-ng-failure-report"]).failure_id is not None
+    assert telemetry.count() == 2
+    assert "the app's error handler raised RuntimeError while answering NgFailureEvent" in caplog.text

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any, Final
 
@@ -49,6 +50,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+_log = logging.getLogger("ng_otel")
 _MAX_APP_DEPTH = 64  # how far down the middleware chain to look for the router
 _LOG_SCOPE_KEY = "ng_otel.failure_log"
 _INNER_APP_ATTRIBUTES = ("app", "_app")  # where ASGI middleware keep the app they wrap
@@ -304,20 +306,45 @@ def _recording(handler: Callable[..., Any], *, report: bool = False) -> Callable
 
         async def async_wrapper(request: Any, error: Exception) -> Any:
             record_failure(error)
-            response = await handler(request, error)
-            return _with_report(request, response) if report else response
+            if not report:
+                return await handler(request, error)
+            try:
+                response = await handler(request, error)
+            except Exception as broken:
+                return _broken_handler_reply(request, error, broken)
+            return _with_report(request, response)
 
         wrapper: Callable[..., Any] = async_wrapper
     else:
 
         def sync_wrapper(request: Any, error: Exception) -> Any:
             record_failure(error)
-            response = handler(request, error)
-            return _with_report(request, response) if report else response
+            if not report:
+                return handler(request, error)
+            try:
+                response = handler(request, error)
+            except Exception as broken:
+                return _broken_handler_reply(request, error, broken)
+            return _with_report(request, response)
 
         wrapper = sync_wrapper
     wrapper._ng_otel_wrapped = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _broken_handler_reply(request: Any, error: Exception, broken: Exception) -> Any:
+    """The app's error handler raised while answering ``error``: the reply Starlette and the
+    server would send then (500, ``Internal Server Error``), with the failure's report. The
+    handler's own exception is logged here, since the server now logs ``error`` instead."""
+    from starlette.responses import PlainTextResponse
+
+    _log.warning(
+        "ng_otel: the app's error handler raised %s while answering %s; answered 500 with the failure's report",
+        type(broken).__name__,
+        type(error).__name__,
+        exc_info=broken,
+    )
+    return _with_report(request, PlainTextResponse("Internal Server Error", status_code=500))
 
 
 @guarded
