@@ -2,6 +2,8 @@
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -327,3 +329,12 @@ def test_kinds_check_keeps_a_bounded_table_of_endless_distinct_kinds(tmp_path, m
     found.read(path, Console(file=io.StringIO()))
     assert len(found.kinds) == 4 and sum(found.kinds.values()) == 10  # three by name, the rest as _other
     assert found.kinds[("_other", cli.UNREGISTERED)] == 7
+
+
+@pytest.mark.parametrize("command", [["show"], ["summary"], ["summary", "--json"], ["kinds", "--check"], ["replay"]])
+def test_a_device_is_refused_at_once_instead_of_read_forever(command):
+    # /dev/zero never ends and holds no newline: every reader went on forever, in flat memory.
+    done = subprocess.run(
+        [sys.executable, "-m", "ng_otel.cli", *command, "/dev/zero"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and done.stderr == "ng-otel: /dev/zero: a device, not a file of rows\n", done.stderr

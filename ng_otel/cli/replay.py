@@ -61,13 +61,13 @@ def replay_file(
 ) -> int:
     """Stream the rows through the configured exporters; memory stays flat on any size. The
     final flush takes at most ``flush_seconds`` (default ``REPLAY_FLUSH_SECONDS``)."""
-    from ng_otel.cli.show import FileFormat, printable, scan_file
+    from ng_otel.cli.show import FileFormat, open_rows, printable, scan_file
     from ng_otel.contract.rows import SkippedLine
     from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row
     from ng_otel.otel.providers import enable, shutdown, span_exporters
 
     flush_seconds = REPLAY_FLUSH_SECONDS if flush_seconds is None else flush_seconds
-    path.stat()  # a missing file is a usage error before anything is set up
+    open_rows(path).close()  # a missing file or a device is a usage error before anything is set up
     if enable("ng-otel-replay") is None:
         sys.stderr.write("ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)\n")
         return EXIT_FAILED

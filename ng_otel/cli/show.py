@@ -6,7 +6,10 @@ Rows stream: one tree per row, memory flat on any file. OTLP JSON lines are grou
 
 from __future__ import annotations
 
+import errno
 import itertools
+import os
+import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -71,7 +74,7 @@ def scan_file(path: Path, console: Console | None = None, description: str = "re
     lines bounded (``read_json_lines``); with a ``console`` on a terminal, a progress bar once
     the read has taken a second. Without one, no bar: ``show`` prints trees as it reads, and a
     live bar would redraw itself at each of them."""
-    with path.open("rb") as stream:
+    with open_rows(path) as stream:
         try:
             size = path.stat().st_size
         except OSError:
@@ -82,6 +85,21 @@ def scan_file(path: Path, console: Console | None = None, description: str = "re
             yield from read_json_lines(progress if progress.shown_on_terminal else stream)
         finally:
             progress.close()
+
+
+def open_rows(path: Path) -> IO[bytes]:
+    """``path`` opened to read rows or OTLP JSON lines. A device (``/dev/zero``,
+    ``/dev/urandom``) is refused with an ``OSError`` naming it: it never ends, and holds no
+    line to read; a pipe or a regular file is read."""
+    stream = path.open("rb")
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            raise OSError(errno.ENODEV, "a device, not a file of rows", str(path))
+    except BaseException:
+        stream.close()
+        raise
+    return stream
 
 
 class _LazyProgress:
@@ -659,6 +677,7 @@ __all__ = [
     "is_otlp",
     "printable",
     "render",
+    "open_rows",
     "scan_file",
     "show_paths",
     "tree_lines",

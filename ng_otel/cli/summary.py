@@ -21,6 +21,7 @@ from rich.table import Table
 from ng_otel.cli.show import (
     NO_TRACE_IDS,
     FileFormat,
+    open_rows,
     otlp_line_failures,
     printable,
     scan_file,
@@ -364,7 +365,7 @@ def summary_command(args: Any, console: Console) -> int:
     """``ng-otel summary`` and ``ng-otel report``: exit 0 on readable files (skipped lines
     included), 2 with one line on stderr when a file cannot be read."""
     for path in args.files:
-        path.open("rb").close()  # an OSError here is main's one line on stderr, exit 2
+        open_rows(path).close()  # an OSError here is main's one line on stderr, exit 2
     progress_console = console if not getattr(args, "json", False) else Console(stderr=True)
     summary = summarise(args.files, progress_console)
     if args.command == "report":
