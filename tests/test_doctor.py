@@ -75,3 +75,21 @@ def test_credentials_in_an_endpoint_are_never_printed(ng_otel_cli, endpoint):
     assert done.returncode == 1  # nothing answers there
     assert SECRET not in done.stdout + done.stderr
     assert "127.0.0.1:9" in done.stdout and "***" in done.stdout  # the endpoint is still shown, redacted
+
+
+def test_credentials_in_a_grpc_endpoint_are_a_failure_the_grpc_exporter_cannot_use(ng_otel_cli, otlp):
+    # The gRPC channel cannot resolve user:secret@host: every export fails, printing the URL.
+    port = otlp.grpc_endpoint.rsplit(":", 1)[1]
+    done = ng_otel_cli("doctor", env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://user:{SECRET}@127.0.0.1:{port}"})
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 1 and "verdict: failures would be recorded nowhere" in out
+    assert "the gRPC exporter cannot use credentials in the URL" in out and SECRET not in done.stdout + done.stderr
+
+
+def test_counts_without_spans_are_a_problem_but_not_nowhere(ng_otel_cli, otlp):
+    done = ng_otel_cli(
+        "doctor", env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.grpc_endpoint, "OTEL_TRACES_EXPORTER": "none"}
+    )
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "verdict: ok, with the problems above" in out
+    assert "no trace exporter delivers: only counts arrive" in out

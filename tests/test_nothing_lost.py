@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from opentelemetry import metrics, trace
 
 from ng_otel import NgFailureEvent, failure_report_for
@@ -382,8 +383,6 @@ def _forwarded_report():
 
 
 def test_a_report_the_app_set_itself_joins_ng_otels_in_one_header_on_an_asgi_reply():
-    from fastapi.responses import JSONResponse
-
     from tests.conftest import call
 
     forwarded, report = _forwarded_report()
@@ -458,3 +457,27 @@ def test_a_peers_context_map_never_moves_an_event_recorded_here():
         observe_reply(headers.get, "agent")  # a peer claims our event lives on its span
         assert telemetry.recorder.index.get(local.event_id) == span.get_span_context()
         assert len(telemetry.failure_events()) == 1
+
+
+def test_a_failed_reply_the_app_passes_through_fails_with_the_callees_failure():
+    # Gym's legacy_agent answers /run with the agent's failed reply, headers included: the
+    # caller's failure must still be caused by the agent's, not by a report naming none.
+    forwarded, report = _forwarded_report()
+    recovered = NgFailureEvent("agent_timeout", "a step was retried", boundary="environment")
+    app = FastAPI()
+
+    @app.post("/run")
+    async def run():
+        ng_otel_observe(recovered)
+        return JSONResponse("Hit an exception", status_code=500, headers={"X-NG-Failure-Report": report.to_header()})
+
+    sent = []
+    with capture_failures():
+        asyncio.run(call(instrument_app(app), "/run", sent=sent))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    (value,) = [value for name, value in start["headers"] if name.lower() == b"x-ng-failure-report"]
+    passed_on = FailureReport.from_header(value)
+    assert passed_on.failure_id == forwarded.event_id and set(passed_on.events) == {
+        forwarded.event_id,
+        recovered.event_id,
+    }

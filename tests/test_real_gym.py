@@ -1056,14 +1056,19 @@ class TestGymEnvStart:
         # The policy's two dropped attempts, and the judge's (its prompt holds the question too).
         assert sorted(attempts) == [(0, "genrm_model"), (0, "policy_model"), (1, "genrm_model"), (1, "policy_model")]
 
-    def test_a_judge_answering_503_is_masked_and_counted_once(self, deployment: Deployment):
+    def test_a_judge_answering_503_is_masked_counted_once_and_caused_by_the_judge_model(self, deployment: Deployment):
         row = deployment.task_rows("rollouts_failures.jsonl")["judge_503"]
         assert row["mask_sample"] is True and row["_ng_failure_class"] == "judge_failed"
         judged = [(e, s) for e, s in deployment.live.events() if e["ng.failure.kind"] == "judge_failed"]
         assert [(e["ng.failure.boundary"], s["service"], e.get("ng.verify.masked")) for e, s in judged] == [
             ("resources_server", "simpleqa", True)
         ]
-        assert judged[0][0]["ng.failure.id"] in row["_ng_failure_events"]  # saved under its live id
+        (event, span), events = judged[0], deployment.live.by_id()
+        cause, cause_span = events[event["ng.failure.cause_id"]]  # judge_failsafe answered: no raise says it
+        assert (cause["ng.failure.kind"], cause_span["service"]) == ("provider_unavailable", "genrm_model")
+        assert "backend overloaded" in cause["ng.failure.reason"]
+        assert (cause_span["trace_id"], cause_span["span_id"]) in span["links"]
+        assert row["_ng_failure_id"] == event["ng.failure.id"]  # saved under its live id, as the row's own
         assert deployment.live.count("ng.verify.outcomes", "simpleqa", ng__verify__masked=True) == 1
 
     def test_replay_into_the_backend_that_saw_the_run_adds_nothing_twice(self, deployment: Deployment):

@@ -156,6 +156,14 @@ def test_span_limits_that_keep_everything_ng_otel_exports_are_fine():
     assert done.returncode == 0 and '"name": "ng.failure"' in done.stdout, done.stderr
 
 
+def test_a_grpc_endpoint_with_credentials_is_refused_with_one_warning_never_quoting_them():
+    done = run({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://user:s3cr3t@127.0.0.1:4317", "OTEL_METRICS_EXPORTER": "none"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["disabled"]
+    (warning,) = [line for line in done.stderr.splitlines() if "ng_otel" in line]
+    assert "the gRPC exporter cannot use credentials in the URL" in warning and "s3cr3t" not in done.stderr
+
+
 def test_the_not_enabled_warning_never_quotes_the_credentials_of_an_endpoint():
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://user:s3cr3t@127.0.0.1:4317/?token=s3cr3t",

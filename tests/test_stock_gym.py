@@ -408,3 +408,49 @@ def test_a_failed_reply_that_is_no_run_is_no_collection_failure(monkeypatch):
         with pytest.raises(ClientResponseError):
             asyncio.run(module.raise_for_status(FailedReply("http://127.0.0.1:1/aggregate_metrics", 500)))
     assert telemetry.failure_events() == []
+
+
+def test_a_judge_failure_the_verify_reply_names_is_caused_by_the_judge_models_reported_failure():
+    from ng_otel.gym.episodes import record_verify_outcome
+    from ng_otel.integrations._exchange import observe_reply
+    from ng_otel.otel.failure_log import close_failure_log, open_failure_log
+
+    judge_model = NgFailureEvent("provider_unavailable", "backend overloaded", boundary="model", http_status=500)
+    reply = {
+        "X-NG-Failure-Report": FailureReport(
+            {judge_model.event_id: judge_model.to_record()}, judge_model.event_id
+        ).to_header(),
+        "X-NG-Failure-Context": json.dumps({judge_model.event_id: "0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331"}),
+    }
+    with capture_failures() as telemetry:
+        log, token = open_failure_log()  # simpleqa's /verify request
+        try:
+            with telemetry.tracer.start_as_current_span("POST /verify"):
+                observe_reply(reply.get, "resources_server")  # the judge model answered 500 with its report
+                record_verify_outcome({"reward": 0.0, "mask_sample": True, "failure_kind": "judge_failed"})
+        finally:
+            close_failure_log(token)
+        (event,) = telemetry.failure_events()  # the judge model's event was its own to export
+        assert event[names.KIND] == "judge_failed" and event[names.CAUSE_ID] == judge_model.event_id
+        (span,) = telemetry.spans()
+        assert span["links"][0]["context"]["span_id"] == 0xB7AD6B7169203331
+        assert log.report.events[event[names.ID]]["cause_id"] == judge_model.event_id  # the reply's report says so too
+
+
+def test_a_masked_rows_saved_report_names_the_judge_failure_as_the_rows_own(monkeypatch):
+    module = fake_collection_module(monkeypatch)
+    judged = NgFailureEvent("judge_failed", "judge down", boundary="resources_server")
+    report = FailureReport({judged.event_id: judged.to_record()})  # a successful /run: no failure_id
+
+    class Reply:
+        headers = {"X-NG-Failure-Report": report.to_header()}
+
+    async def get_response_json(response):
+        return {"reward": 0.0, "mask_sample": True, "failure_kind": "judge_failed"}
+
+    module.get_response_json = get_response_json
+    collection_hook._wrap(module)
+    with capture_failures():
+        row = asyncio.run(module.get_response_json(Reply()))
+    assert row["_ng_failure_id"] == judged.event_id and judged.event_id in row["_ng_failure_events"]
+    assert row_report(row).recovered_ids() == frozenset()  # show and replay read it as the row's own, as it was live

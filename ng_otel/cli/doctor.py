@@ -110,21 +110,18 @@ def _exporters(signal_name: str, exporter_classes: Any) -> list[Exporter]:
         classes = exporter_classes(signal_name)
     except Exception as error:  # what enable() would reject: say why
         return [Exporter(signal_name, raw, error=f"{type(error).__name__}: {error}")]
+    from ng_otel.otel.providers import grpc_credentials_problem, otlp_endpoint
+
     found = []
     for name, cls in zip([n for n in names if n.lower() != "none"], classes, strict=False):
         exporter = Exporter(signal_name, name, target=f"{cls.__module__}.{cls.__qualname__}")
         if "otlp" in cls.__module__:
             protocol = "grpc" if ".grpc." in cls.__module__ else "http/protobuf"
-            exporter.endpoint = _endpoint(signal_name, protocol)
-            exporter.answers = _answers(exporter.endpoint)
+            exporter.endpoint = otlp_endpoint(signal_name)[1] or f"http://localhost:{_OTLP_PORTS[protocol]}"
+            exporter.error = grpc_credentials_problem(signal_name, cls) or ""
+            exporter.answers = None if exporter.error else _answers(exporter.endpoint)
         found.append(exporter)
     return found
-
-
-def _endpoint(signal_name: str, protocol: str) -> str:
-    specific = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal_name.upper()}_ENDPOINT", "").strip()
-    general = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    return specific or general or f"http://localhost:{_OTLP_PORTS[protocol]}"
 
 
 def _answers(endpoint: str) -> bool:
@@ -152,6 +149,11 @@ def _judge_exporters(found: Diagnosis, settings: Settings | None) -> None:
     ]
     if not delivering:
         found.problems.append(NOWHERE)
+    elif not any(e.signal == "traces" for e in delivering) and (settings is None or "logs" not in settings.signals):
+        found.problems.append(
+            "no trace exporter delivers: only counts arrive; the ng.failure events and their cause links ride on "
+            "spans (NG_OTEL_SIGNALS=spans,logs sends the events as log records too)"
+        )
     if (
         settings is not None
         and "logs" in settings.signals

@@ -28,7 +28,7 @@ from typing import Any, Final
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan
 
 from ng_otel.contract.report import FailureReport
-from ng_otel.contract.rows import ROW_FAILURE_CLASS
+from ng_otel.contract.rows import ROW_FAILURE_CLASS, ROW_MASK_SAMPLE
 from ng_otel.gym.collection import report_row
 from ng_otel.gym.failures import collection_failure_kind, escaped_failure
 from ng_otel.otel._guard import guarded
@@ -88,7 +88,7 @@ def _wrap(module: ModuleType) -> None:
         async def result_json(response: Any) -> Any:
             result = await read_json(response)
             if isinstance(result, dict):
-                result.update(_saved_report(response) or {})
+                result.update(_saved_report(response, result) or {})
             return result
 
         result_json._ng_otel_patched = True  # type: ignore[attr-defined]
@@ -96,13 +96,22 @@ def _wrap(module: ModuleType) -> None:
 
 
 @guarded
-def _saved_report(response: Any) -> dict[str, Any] | None:
-    """The report a successful ``/run`` reply carried (a judge failure it recovered from, a
-    retried model attempt), as the row keys Gym Main saves: the ids the live run exported."""
+def _saved_report(response: Any, result: dict[str, Any]) -> dict[str, Any] | None:
+    """The report a successful ``/run`` reply carried (a judge failure, a retried model
+    attempt), as the row keys Gym Main saves: the ids the live run exported. The reply
+    succeeded, so its report names no failure of its own; a masked row's is the event of the
+    kind its verify response names (judge_failsafe's ``judge_failed``), as it was live."""
     from ng_otel.integrations.aiohttp import reply_report
 
     report = reply_report(response, boundary="collection") if is_enabled() else None
-    return report_row(report) if report is not None else None
+    if report is None:
+        return None
+    kind = result.get("failure_kind")
+    if report.failure_id is None and result.get(ROW_MASK_SAMPLE) is True and isinstance(kind, str):
+        named = [event_id for event_id, record in report.events.items() if record["failure_kind"] == kind]
+        if len(named) == 1:
+            report = FailureReport._trusted(report.events, named[0], report.omitted)
+    return report_row(report)
 
 
 @guarded

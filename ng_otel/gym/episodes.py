@@ -166,10 +166,24 @@ def record_verify_outcome(response: Any) -> VerifyOutcome | None:
             stage="verification",
             operation=VERIFY_OPERATION,
         )
-        report = failure_report_for(event)
-        if report is not None:
-            _record_returned(report, decisive=True, extra={names.VERIFY_MASKED: outcome.mask_sample})
+        report = _caused_by_callee(event)
+        _record_returned(report, decisive=True, extra={names.VERIFY_MASKED: outcome.mask_sample})
     return outcome
+
+
+def _caused_by_callee(event: NgFailureEvent) -> FailureReport:
+    """``event`` (a failure the verify reply names: judge_failsafe's ``judge_failed``) caused
+    by the latest failure a callee's reply reported in this request (the judge model's),
+    with that failure's chain: the request answered instead of raising, so no ``raise ...
+    from`` says it, but nothing else in the request failed before it answered."""
+    record = event.to_record()
+    log = current_failure_log()
+    cause = log.last_callee_failure if log is not None else None
+    if cause is None:
+        return FailureReport._trusted({event.event_id: record}, event.event_id)
+    chain = log.report.chain(cause) if log is not None else []
+    record["cause_id"] = cause
+    return FailureReport._trusted({event.event_id: record, **{r["event_id"]: r for r in chain}}, event.event_id)
 
 
 @guarded

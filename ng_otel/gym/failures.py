@@ -102,11 +102,15 @@ def _callee_failure(evidence: ReplyEvidence | None) -> str | None:
 
 
 def _reason(error: BaseException, foreign: ForeignError, where: str) -> str:
-    short_type = foreign.type.rsplit(".", 1)[-1]
-    text = f"{short_type} in {where}: {foreign.message}" if foreign.message else f"{short_type} in {where}"
+    """What a person reads first: a failed reply's own words (where the provider says
+    "backend overloaded"), else the exception's; its type and message stay in the event's
+    foreign error either way."""
     body = _body_of(error)
     if body:
-        text = f"{text}; reply body: {body}"
+        status = f" {foreign.http_status}" if foreign.http_status is not None else ""
+        return bound_text(f"{where} got a failed reply{status}: {body}", MAX_REASON_CHARS)
+    short_type = foreign.type.rsplit(".", 1)[-1]
+    text = f"{short_type} in {where}: {foreign.message}" if foreign.message else f"{short_type} in {where}"
     return bound_text(text, MAX_REASON_CHARS)
 
 

@@ -110,12 +110,16 @@ def observe_reply(
 FAILURE_HEADERS: Final = frozenset({REPORT_HEADER.lower(), names.CONTEXT_HEADER.lower()})
 
 
-def adopt_app_headers(get_header: Callable[[str], str | None], log: FailureLog, boundary: str) -> None:
+def adopt_app_headers(get_header: Callable[[str], str | None], log: FailureLog, boundary: str, status: int) -> None:
     """A report the app put on its own reply (a proxy forwarding its callee's) joins the
     request's log, as a callee's would, so the reply carries one ``X-NG-Failure-Report`` with
-    every event instead of the app's, stale, beside ng_otel's."""
-    if get_header(REPORT_HEADER) is not None:
-        observe_reply(get_header, boundary, log)
+    every event instead of the app's, stale, beside ng_otel's. A failed reply passed through
+    that way fails with the callee's failure, unless this request has one of its own."""
+    if get_header(REPORT_HEADER) is None:
+        return
+    report = observe_reply(get_header, boundary, log)
+    if report is not None and report.failure_id is not None and status >= 400 and log.report.failure_id is None:
+        log.add(report, own=True)
 
 
 def _protocol_violation(header: str, raw: Any, error: ValueError, boundary: str) -> None:

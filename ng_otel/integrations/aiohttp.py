@@ -230,7 +230,7 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
             record_failure(report)
             response = web.Response(status=status, body=body, content_type="application/json")
         if not response.prepared and log:
-            adopt_app_headers(response.headers.get, log, rules.client_boundary)  # the app may have set its own
+            adopt_app_headers(response.headers.get, log, rules.client_boundary, response.status)  # the app's own
             for name in FAILURE_HEADERS:
                 response.headers.popall(name, None)
             for name, value in reply_headers(log) or []:

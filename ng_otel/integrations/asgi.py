@@ -159,7 +159,7 @@ class _Reply:
         if self._log and not self._stream:
             headers = message.get("headers", ())
             if any(name.lower() in _FAILURE_HEADER_NAMES for name, _ in headers):  # the app set its own
-                adopt_app_headers(_header_getter(headers), self._log, rules.client_boundary)
+                adopt_app_headers(_header_getter(headers), self._log, rules.client_boundary, message["status"])
                 headers = [(name, value) for name, value in headers if name.lower() not in _FAILURE_HEADER_NAMES]
             message = {**message, "headers": [*headers, *_encoded(reply_headers(self._log) or [])]}
         await self._send(message)

@@ -21,11 +21,12 @@ class FailureLog:
     """Grows in place: a request that observes thousands of failures pays for each once, and
     the report is built when the reply asks for it."""
 
-    __slots__ = ("_events", "_failure_id", "_lock", "_omitted", "_report")
+    __slots__ = ("_events", "_failure_id", "_lock", "_omitted", "_report", "last_callee_failure")
 
     def __init__(self) -> None:
         self._events: dict[str, Mapping[str, Any]] = {}
         self._failure_id: str | None = None
+        self.last_callee_failure: str | None = None  # the latest failure a callee's reply reported
         self._omitted = False
         self._report: FailureReport | None = _EMPTY
         self._lock = threading.Lock()
@@ -40,6 +41,8 @@ class FailureLog:
             else:
                 for event_id, record in report.events.items():
                     self._events.setdefault(event_id, record)
+                if report.failure_id is not None:
+                    self.last_callee_failure = report.failure_id
             self._omitted = self._omitted or report.omitted
             self._report = None
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import LoggerProvider, get_logger_provider, set_logger_provider
@@ -341,6 +342,41 @@ def exporter_classes(signal_name: str) -> list[type]:
     return [impl for _, impl in _import_config_components(entry_points, f"opentelemetry_{signal_name}_exporter")]
 
 
+def _usable_exporter_classes(signal_name: str) -> list[type]:
+    """``exporter_classes``, refusing (``ValueError``) what could not deliver anything."""
+    classes = exporter_classes(signal_name)
+    for cls in classes:
+        problem = grpc_credentials_problem(signal_name, cls)
+        if problem is not None:
+            raise ValueError(problem)
+    return classes
+
+
+def otlp_endpoint(signal_name: str) -> tuple[str, str]:
+    """(variable, value) of the OTLP endpoint a signal's exporter reads, the signal's own
+    variable first; ``("", "")`` when neither is set (the exporter's default)."""
+    for variable in (f"OTEL_EXPORTER_OTLP_{signal_name.upper()}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        value = os.environ.get(variable, "").strip()
+        if value:
+            return variable, value
+    return "", ""
+
+
+def grpc_credentials_problem(signal_name: str, exporter_class: type) -> str | None:
+    """A gRPC exporter cannot use credentials in its endpoint's URL: the channel fails to
+    resolve the address on every export, and the SDK's errors print the URL, secret and all."""
+    if ".grpc." not in exporter_class.__module__:
+        return None
+    variable, value = otlp_endpoint(signal_name)
+    parts = urlsplit(value if "://" in value else f"http://{value}")
+    if parts.username is None and parts.password is None:
+        return None
+    return (
+        f"{variable}={redact(value)}: the gRPC exporter cannot use credentials in the URL (every export would "
+        "fail and print them); put them in OTEL_EXPORTER_OTLP_HEADERS"
+    )
+
+
 def _construct(exporter_class: type, meter_provider: MeterProvider) -> Any:
     # OTLP exporters report what they fail to send through the meter provider they are given.
     if "meter_provider" in inspect.signature(exporter_class).parameters:
@@ -353,7 +389,7 @@ def _meter_provider(resource: Any) -> MeterProvider:
     from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 
     readers: list[MetricReader] = []
-    for cls in exporter_classes("metrics"):
+    for cls in _usable_exporter_classes("metrics"):
         # A pull exporter (Prometheus) is a reader itself; a push exporter is read periodically.
         with _pipeline_self_metrics():
             readers.append(cls() if issubclass(cls, MetricReader) else PeriodicExportingMetricReader(cls()))  # type: ignore[arg-type]
@@ -365,7 +401,7 @@ def _tracer_provider(resource: Any, meter_provider: MeterProvider) -> TracerProv
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = SdkTracerProvider(resource=resource)
-    classes = exporter_classes("traces")
+    classes = _usable_exporter_classes("traces")
     if classes:
         lost = meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, __version__).create_counter(
             names.UNEXPORTED_METRIC, unit=names.UNEXPORTED_UNIT, description=names.UNEXPORTED_DESCRIPTION
@@ -386,7 +422,7 @@ def _logger_provider(resource: Any, meter_provider: MeterProvider) -> LoggerProv
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
     provider = SdkLoggerProvider(resource=resource)
-    for cls in exporter_classes("logs"):
+    for cls in _usable_exporter_classes("logs"):
         with _pipeline_self_metrics():
             processor = BatchLogRecordProcessor(_construct(cls, meter_provider), meter_provider=meter_provider)
         provider.add_log_record_processor(processor)
