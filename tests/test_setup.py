@@ -1,9 +1,11 @@
 """enable() in a fresh interpreter each time: providers are process-global in OpenTelemetry."""
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -154,6 +156,29 @@ def test_span_limits_that_keep_everything_ng_otel_exports_are_fine():
     env = {"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "128", "OTEL_SPAN_EVENT_COUNT_LIMIT": "1"}
     done = run({"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none", **env})
     assert done.returncode == 0 and '"name": "ng.failure"' in done.stdout, done.stderr
+
+
+def test_a_configuration_rejected_after_the_metric_pipeline_was_built_rolls_back_without_exporting():
+    # An unknown logs exporter fails once the metric and span pipelines exist (the span
+    # processor's queue gauges are metric points by then); the reader used to export once more
+    # while shutting down: against a collector that never answers, enable() waited out the
+    # export timeout and printed "Failed to export" first.
+    with socket.socket() as collector:
+        collector.bind(("127.0.0.1", 0))
+        collector.listen(8)
+        env = {
+            "NG_OTEL_SIGNALS": "spans,logs",
+            "OTEL_LOGS_EXPORTER": "nosuch",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.getsockname()[1]}",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "8",
+        }
+        started = time.monotonic()
+        done = run(env, script="import ng_otel\nprint(ng_otel.enable('svc'))")
+        elapsed = time.monotonic() - started
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr
+    assert elapsed < 6, elapsed  # not the 8 s export timeout
+    (warning,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert warning.startswith("ng_otel: not enabled: ") and "nosuch" in warning
 
 
 def test_a_grpc_endpoint_with_credentials_is_refused_with_one_warning_never_quoting_them():

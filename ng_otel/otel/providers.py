@@ -300,10 +300,11 @@ def _build(
     """Every provider not given and not installed already, built but not yet installed; on
     any error, what was built is shut down again and the error raised."""
     built: list[Any] = []
+    pushed: list[Any] = []  # the push metric exporters built: a rollback shuts them first
     try:
         # Metrics first: the span and log pipelines report what they drop through it.
         if meter_provider is None and isinstance(metrics.get_meter_provider(), _ProxyMeterProvider):
-            meter_provider = _meter_provider(resource)
+            meter_provider = _meter_provider(resource, pushed)
             built.append(meter_provider)
         meter_provider = meter_provider or metrics.get_meter_provider()
         if tracer_provider is None and isinstance(trace.get_tracer_provider(), ProxyTracerProvider):
@@ -313,10 +314,26 @@ def _build(
             logger_provider = _logger_provider(resource, meter_provider)
             built.append(logger_provider)
     except BaseException:
-        for provider in built:
-            provider.shutdown()
+        _roll_back(built, pushed)
         raise
     return tracer_provider, meter_provider, logger_provider, built
+
+
+def _roll_back(built: list[Any], pushed: list[Any]) -> None:
+    """Shut down what a rejected configuration built, exporting nothing: a metric reader
+    exports once more as it shuts down, which would try the endpoint (and wait out its
+    timeout) for a pipeline that never ran. With its exporter shut first, that export is
+    refused at once; the SDK's warning about it is no news and is not shown."""
+    sdk_log = logging.getLogger("opentelemetry")
+    level = sdk_log.level
+    sdk_log.setLevel(logging.ERROR)
+    try:
+        for exporter in pushed:
+            exporter.shutdown()
+        for provider in built:
+            provider.shutdown()
+    finally:
+        sdk_log.setLevel(level)
 
 
 def _install(tracer_provider: Any, meter_provider: Any, logger_provider: Any, built: list[Any]) -> tuple[Any, Any, Any]:
@@ -384,7 +401,7 @@ def _construct(exporter_class: type, meter_provider: MeterProvider) -> Any:
     return exporter_class()
 
 
-def _meter_provider(resource: Any) -> MeterProvider:
+def _meter_provider(resource: Any, pushed: list[Any]) -> MeterProvider:
     from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 
@@ -392,7 +409,11 @@ def _meter_provider(resource: Any) -> MeterProvider:
     for cls in _usable_exporter_classes("metrics"):
         # A pull exporter (Prometheus) is a reader itself; a push exporter is read periodically.
         with _pipeline_self_metrics():
-            readers.append(cls() if issubclass(cls, MetricReader) else PeriodicExportingMetricReader(cls()))  # type: ignore[arg-type]
+            if issubclass(cls, MetricReader):
+                readers.append(cls())
+            else:
+                pushed.append(cls())
+                readers.append(PeriodicExportingMetricReader(pushed[-1]))
     return SdkMeterProvider(resource=resource, metric_readers=readers)
 
 
