@@ -18,8 +18,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -36,12 +35,12 @@ from ng_otel.contract.events import MAX_ID_CHARS
 from ng_otel.contract.kinds import MAX_KIND_CHARS
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
+from ng_otel.otel._sdk_compat import processor_self_metrics
 from ng_otel.otel.export import LossCountingSpanExporter
 from ng_otel.otel.recorder import FailureRecorder, install_recorder
 from ng_otel.otel.settings import Settings, SettingsError, redact, warn_not_enabled
 
 _log = logging.getLogger("ng_otel")
-SDK_SELF_METRICS = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
 _lock = threading.Lock()
 _installed: FailureRecorder | None = None
 _owned: list[Any] = []  # providers enable() created, flushed and shut down by shutdown()
@@ -408,7 +407,7 @@ def _meter_provider(resource: Any, pushed: list[Any]) -> MeterProvider:
     readers: list[MetricReader] = []
     for cls in _usable_exporter_classes("metrics"):
         # A pull exporter (Prometheus) is a reader itself; a push exporter is read periodically.
-        with _pipeline_self_metrics():
+        with processor_self_metrics():
             if issubclass(cls, MetricReader):
                 readers.append(cls())
             else:
@@ -428,7 +427,7 @@ def _tracer_provider(resource: Any, meter_provider: MeterProvider) -> TracerProv
             names.UNEXPORTED_METRIC, unit=names.UNEXPORTED_UNIT, description=names.UNEXPORTED_DESCRIPTION
         )
     for cls in classes:
-        with _pipeline_self_metrics():
+        with processor_self_metrics():
             exporter = LossCountingSpanExporter(_construct(cls, meter_provider), lost)
             # Bounded queue (OTEL_BSP_MAX_QUEUE_SIZE); what it drops is counted in
             # otel.sdk.processor.span.processed{error.type="queue_full"}.
@@ -444,28 +443,10 @@ def _logger_provider(resource: Any, meter_provider: MeterProvider) -> LoggerProv
 
     provider = SdkLoggerProvider(resource=resource)
     for cls in _usable_exporter_classes("logs"):
-        with _pipeline_self_metrics():
+        with processor_self_metrics():
             processor = BatchLogRecordProcessor(_construct(cls, meter_provider), meter_provider=meter_provider)
         provider.add_log_record_processor(processor)
     return provider
-
-
-@contextmanager
-def _pipeline_self_metrics() -> Iterator[None]:
-    """The SDK counts what a queue drops and an exporter fails to send only when
-    ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`` is true while that pipeline is built (it has
-    no other switch). It also reads the variable for every tracer (and logger provider)
-    built later, whose per-span metrics cost about 20 µs a span in every instrumentation of
-    the process. So it is on only while ``enable()`` builds exporters, processors and
-    readers, under ``enable()``'s lock, and left as the user set it everywhere else."""
-    if SDK_SELF_METRICS in os.environ:
-        yield
-        return
-    os.environ[SDK_SELF_METRICS] = "true"
-    try:
-        yield
-    finally:
-        os.environ.pop(SDK_SELF_METRICS, None)
 
 
 class RepeatLimit(logging.Filter):
