@@ -3,33 +3,47 @@ command itself run as a user runs it."""
 
 import gzip
 import http.server
+import io
 import json
 import queue
 import signal
 import socket
 import subprocess
 import threading
+import time
 import tracemalloc
 import zlib
+from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from rich.console import Console
 
-from ng_otel.cli.receive import MAX_REMEMBERED_EVENTS, RecentEvents
+from ng_otel.cli.receive import MAX_REMEMBERED_EVENTS, MAX_UNPRINTED_EVENTS, ReceiveSink, RecentEvents
 from ng_otel.cli.receiver import (
+    MAX_ATTRIBUTES_PER_REQUEST,
     MAX_BODY_BYTES,
-    MAX_CHUNK_LINE_BYTES,
+    MAX_BUFFERED_BODY_BYTES,
     MAX_CONNECTION_SECONDS,
+    MAX_DECODING_AT_ONCE,
     MAX_DECOMPRESSED_BYTES,
+    MAX_EVENTS_PER_REQUEST,
+    MAX_FIELD_BYTES,
+    MAX_GRPC_CALLS_AT_ONCE,
     MAX_GRPC_MESSAGE_BYTES,
     MAX_HTTP_CONNECTIONS,
+    MAX_LINKS_PER_REQUEST,
+    MAX_SPANS_PER_REQUEST,
+    MAX_VALUES_PER_REQUEST,
     Limits,
     OtlpReceiver,
 )
 from ng_otel.cli.show import FailureGroup
 from ng_otel.contract import NgFailureEvent, failure_report_for
 from ng_otel.gym.collection import report_row
+from ng_otel.otel import names
 
 TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MiB = 1024 * 1024
@@ -106,8 +120,8 @@ def test_a_body_at_the_bound_is_read_and_one_byte_past_is_refused_before_reading
 def test_a_chunked_body_is_bounded_while_it_is_read(otlp, extra, status):
     body = request_of_size(MAX_BODY_BYTES)
     chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n"
-    if extra:  # one byte more announced: refused before that chunk is read
-        chunked += b"1\r\n"
+    if extra:  # one byte more: refused when it arrives, the rest never kept
+        chunked += b"1\r\nx\r\n0\r\n\r\n"
     else:
         chunked += b"0\r\n\r\n"
     assert post(otlp.http_port, head(Transfer_Encoding="chunked"), chunked)[0] == status
@@ -115,12 +129,11 @@ def test_a_chunked_body_is_bounded_while_it_is_read(otlp, extra, status):
 
 
 @pytest.mark.parametrize(("extra", "status"), [(0, 200), (1, 400)])
-def test_a_chunk_size_line_at_the_bound_is_read_and_one_byte_past_is_refused(otlp, extra, status):
+def test_a_header_at_the_bound_is_read_and_one_byte_past_is_refused(otlp, extra, status):
     body = request_of_size(100)
-    size_line = f"{len(body):x};".encode()
-    size_line += b"x" * (MAX_CHUNK_LINE_BYTES - len(size_line) - 2 + extra) + b"\r\n"
-    chunked = size_line + body + b"\r\n0\r\n\r\n"
-    assert post(otlp.http_port, head(Transfer_Encoding="chunked"), chunked)[0] == status
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    padded = head(Transfer_Encoding="chunked", X_Pad="x" * (MAX_FIELD_BYTES + extra))
+    assert post(otlp.http_port, padded, chunked)[0] == status
 
 
 @pytest.mark.parametrize(("size", "status"), [(MAX_DECOMPRESSED_BYTES, 200), (MAX_DECOMPRESSED_BYTES + 1, 413)])
@@ -174,11 +187,11 @@ def test_a_silent_client_holds_no_thread_past_the_time_limit():
     receiver = OtlpReceiver(limits=Limits(connection_seconds=0.5)).start()
     try:
         with socket.create_connection(("127.0.0.1", receiver.http_port), timeout=30) as client:
-            client.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Length: 100\r\n\r\nonly part of it")
+            client.sendall(head(100) + b"only part of it")
             answer = b""
             while chunk := client.recv(1024):  # ends when the receiver closes the connection
                 answer += chunk
-        assert answer.startswith(b"HTTP/1.0 408")
+        assert answer.startswith(b"HTTP/1.1 408")
         assert receiver.wait_http_connections(0, timeout=30)
     finally:
         receiver.stop()
@@ -191,7 +204,7 @@ def test_connections_at_the_bound_are_served_and_one_past_is_answered_503(otlp):
         assert post(otlp.http_port, head(0))[0] == 503  # one past the bound
         body = request_of_size(100)
         held[-1].sendall(head(len(body)) + body)  # the last one within the bound
-        assert held[-1].recv(1024).startswith(b"HTTP/1.0 200")
+        assert held[-1].recv(1024).startswith(b"HTTP/1.1 200")
     finally:
         for client in held:
             client.close()
@@ -281,16 +294,222 @@ def test_the_receiver_patches_no_standard_library_class():
 
 
 @pytest.mark.parametrize("past", [False, True])
-def test_a_cause_that_arrived_earlier_joins_its_effects_tree_within_the_remembered_events(past):
+def test_a_cause_printed_earlier_is_named_by_its_effect_within_the_remembered_events(past):
     recent = RecentEvents()
     recent.add({"event_id": "cause", "boundary": "model", "failure_kind": "transport_timeout"}, "model")
     for number in range(MAX_REMEMBERED_EVENTS - 1 + past):
         recent.add({"event_id": f"other {number}", "boundary": "agent", "failure_kind": "x"}, "agent")
     effect = {"event_id": "effect", "boundary": "agent", "failure_kind": "agent_run_error", "cause_id": "cause"}
     group = FailureGroup(title="trace t", events={"effect": effect})
-    recent.complete(group)
-    assert ("cause" in group.events) is not past
-    assert group.services.get("cause") == (None if past else "model")
+    expected = [] if past else ["↻ agent_run_error effect was caused by transport_timeout cause, shown earlier"]
+    assert recent.references(group) == expected
+    assert list(group.events) == ["effect"]  # the earlier chain is never drawn again
+
+
+# -- items, not only bytes -------------------------------------------------------------------
+
+# Empty messages: 2 bytes each on the wire, the most items a body can hold.
+EMPTY_SPAN, EMPTY_EVENT, EMPTY_LINK, EMPTY_KEY_VALUE = b"\x12\x00", b"\x5a\x00", b"\x6a\x00", b"\x0a\x00"
+EMPTY_RESOURCE_SPANS = b"\x0a\x00"
+
+
+def request_holding(kind: str, count: int) -> bytes:
+    """A trace export request of ``count`` empty ``kind`` (spans, events, links, attributes,
+    values: empty resource spans, one value each)."""
+    if kind == "spans":  # request.resource_spans[0].scope_spans[0].spans
+        return field(1, field(2, EMPTY_SPAN * count))
+    if kind in ("events", "links"):  # ... .spans[0].events or .links
+        return field(1, field(2, field(2, (EMPTY_EVENT if kind == "events" else EMPTY_LINK) * count)))
+    if kind == "attributes":  # request.resource_spans[0].resource.attributes
+        return field(1, field(1, EMPTY_KEY_VALUE * count))
+    return EMPTY_RESOURCE_SPANS * count
+
+
+ITEM_BOUNDS = {
+    "spans": MAX_SPANS_PER_REQUEST,
+    "events": MAX_EVENTS_PER_REQUEST,
+    "links": MAX_LINKS_PER_REQUEST,
+    "attributes": MAX_ATTRIBUTES_PER_REQUEST,
+    "values": MAX_VALUES_PER_REQUEST,
+}
+
+
+@pytest.mark.parametrize("past", [0, 1])
+@pytest.mark.parametrize("kind", sorted(ITEM_BOUNDS))
+def test_a_request_at_each_item_bound_is_stored_and_one_item_past_is_refused_413_before_parsing(otlp, kind, past):
+    body = request_holding(kind, ITEM_BOUNDS[kind] + past)
+    assert len(body) < MAX_BODY_BYTES  # within every byte limit: only the count refuses it
+    status, message = post(otlp.http_port, head(len(body)), body)
+    if past:
+        assert (status, message) == (413, f"request holds more than {ITEM_BOUNDS[kind]} {kind}".encode())
+        assert otlp.traces == []
+    else:
+        assert status == 200
+        assert len(otlp.traces) == 1
+
+
+@pytest.mark.parametrize("past", [0, 1])
+def test_a_grpc_request_one_span_past_the_bound_is_resource_exhausted(otlp, past):
+    body = request_holding("spans", MAX_SPANS_PER_REQUEST + past)
+    if not past:
+        assert grpc_export(otlp.grpc_port, body) == b""
+        return
+    with pytest.raises(grpc.RpcError) as refused:
+        grpc_export(otlp.grpc_port, body)
+    assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused.value.details() == f"request holds more than {MAX_SPANS_PER_REQUEST} spans"
+    assert otlp.traces == []
+
+
+def test_a_gzip_body_is_counted_after_it_is_inflated(otlp):
+    body = gzip.compress(request_holding("spans", MAX_SPANS_PER_REQUEST + 1))
+    assert post(otlp.http_port, head(len(body), Content_Encoding="gzip"), body)[0] == 413
+
+
+def test_requests_decoded_at_once_reach_the_bound_and_never_pass_it():
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def slow_store(signal_name, request):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.5)
+        with lock:
+            inside[0] -= 1
+
+    receiver = OtlpReceiver(keep=False, on_request=slow_store).start()
+    try:
+        body = request_of_size(100)
+        with futures.ThreadPoolExecutor(2 * MAX_DECODING_AT_ONCE + 1) as pool:
+            http = [pool.submit(post, receiver.http_port, head(len(body)), body) for _ in range(MAX_DECODING_AT_ONCE)]
+            calls = [pool.submit(grpc_export, receiver.grpc_port, body) for _ in range(MAX_DECODING_AT_ONCE + 1)]
+            assert [done.result(timeout=60)[0] for done in http] == [200] * MAX_DECODING_AT_ONCE
+            assert [done.result(timeout=60) for done in calls] == [b""] * (MAX_DECODING_AT_ONCE + 1)
+        assert most[0] == MAX_DECODING_AT_ONCE
+    finally:
+        receiver.stop()
+
+
+def test_http_bodies_held_at_once_are_served_to_the_budget_and_one_byte_past_is_answered_503():
+    release = threading.Event()
+    receiver = OtlpReceiver(keep=False, on_request=lambda *_: release.wait(60)).start()
+    try:
+        bodies = MAX_BUFFERED_BODY_BYTES // MAX_BODY_BYTES
+        assert bodies * MAX_BODY_BYTES == MAX_BUFFERED_BODY_BYTES
+        body = request_of_size(MAX_BODY_BYTES)
+        with futures.ThreadPoolExecutor(bodies) as pool:
+            held = [pool.submit(post, receiver.http_port, head(len(body)), body) for _ in range(bodies)]
+            deadline = time.monotonic() + 60
+            while receiver._http._budget.held < MAX_BUFFERED_BODY_BYTES:  # all read and held: the budget, exactly
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert post(receiver.http_port, head(1), b"x") == (  # one byte past: refused before reading it
+                503,
+                b"the receiver holds as many bodies as it may: try again",
+            )
+            release.set()
+            assert [done.result(timeout=60)[0] for done in held] == [200] * bodies
+        assert post(receiver.http_port, head(len(body)), body)[0] == 200  # the budget comes back
+    finally:
+        release.set()
+        receiver.stop()
+
+
+def test_grpc_calls_held_at_once_are_served_to_the_bound_and_one_past_is_resource_exhausted(otlp):
+    otlp.delay = 3.0
+    body = request_of_size(100)
+    with futures.ThreadPoolExecutor(MAX_GRPC_CALLS_AT_ONCE) as pool:
+        held = [pool.submit(grpc_export, otlp.grpc_port, body) for _ in range(MAX_GRPC_CALLS_AT_ONCE)]
+        time.sleep(1.0)  # all of them in the receiver's hands, waiting out the delay
+        with pytest.raises(grpc.RpcError) as refused:
+            grpc_export(otlp.grpc_port, body)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert [done.result(timeout=60) for done in held] == [b""] * MAX_GRPC_CALLS_AT_ONCE
+    assert len(otlp.traces) == MAX_GRPC_CALLS_AT_ONCE
+
+
+# -- stored means answered success -----------------------------------------------------------
+
+
+def test_a_request_stored_after_the_time_limit_is_answered_200_not_408():
+    # The work after the line is written (here a slow store) is not the client's time: an
+    # answer of 408 would make the exporter count a loss that did not happen, and send it twice.
+    receiver = OtlpReceiver(limits=Limits(connection_seconds=0.5), on_request=lambda *_: time.sleep(1.5)).start()
+    try:
+        body = request_of_size(100)
+        assert post(receiver.http_port, head(len(body)), body)[0] == 200
+        assert len(receiver.traces) == 1
+    finally:
+        receiver.stop()
+
+
+# -- each event printed once -----------------------------------------------------------------
+
+
+def failure_request(event_ids: list[str], cause_of: dict[str, str] | None = None) -> ExportTraceServiceRequest:
+    """One span per event, each with one ``ng.failure`` event (``cause_of``: effect -> cause)."""
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    service = resource.resource.attributes.add()
+    service.key, service.value.string_value = "service.name", "agent-server"
+    spans = resource.scope_spans.add()
+    for number, event_id in enumerate(event_ids):
+        span = spans.spans.add()
+        span.trace_id, span.span_id, span.name = bytes(15) + bytes([1]), number.to_bytes(8, "big"), "POST /run"
+        event = span.events.add()
+        event.name = names.EVENT
+        pairs = {names.ID: event_id, names.KIND: "agent_run_error", names.BOUNDARY: "agent", names.REASON: "gave up"}
+        if cause_of and event_id in cause_of:
+            pairs[names.CAUSE_ID] = cause_of[event_id]
+        for key, value in pairs.items():
+            attribute = event.attributes.add()
+            attribute.key, attribute.value.string_value = key, value
+    return request
+
+
+def test_receive_prints_each_event_once_however_long_the_chain_grows():
+    # Each request carries one event, the cause of the next: before, every request drew the
+    # whole remembered chain again (quadratic: 500 requests, 37 MB of output).
+    requests = 300
+    screen = io.StringIO()
+    sink = ReceiveSink(Console(file=screen, width=200, color_system=None), None)
+    for number in range(requests):
+        cause = {f"event-{number}": f"event-{number - 1}"} if number else None
+        sink("traces", failure_request([f"event-{number}"], cause))
+    assert sink.close(wait=60)
+    lines = screen.getvalue().splitlines()
+    # A title, the event's two lines, one line naming the cause shown earlier: linear.
+    assert len(lines) == 4 * requests - 1
+    assert sum("agent_run_error  agent" in line for line in lines) == requests
+    assert "↻ agent_run_error event-299 was caused by agent_run_error event-298, shown earlier" in lines
+
+
+class BlockedTerminal(io.StringIO):
+    """A terminal that stops taking output until ``go`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.go.wait(60)
+        return super().write(text)
+
+
+@pytest.mark.parametrize("past", [0, 1])
+def test_exports_never_wait_for_the_terminal_and_unprinted_events_are_bounded(tmp_path, past):
+    terminal = BlockedTerminal()
+    out = (tmp_path / "received.jsonl").open("w", encoding="utf-8")
+    sink = ReceiveSink(Console(file=terminal, width=200, color_system=None), out)
+    started = time.monotonic()
+    sink("traces", failure_request([f"first-{n}" for n in range(MAX_UNPRINTED_EVENTS - 1)]))
+    sink("traces", failure_request(["last"] + [f"past-{n}" for n in range(past)]))
+    assert time.monotonic() - started < 30  # the terminal took nothing, the exports were answered
+    assert sink.lines == 2 and sink.failures == MAX_UNPRINTED_EVENTS + past
+    assert sink.unprinted == (1 + past if past else 0)  # a request's events are kept or dropped together
+    terminal.go.set()
+    assert sink.close(wait=60)
+    assert len((tmp_path / "received.jsonl").read_text().splitlines()) == 2  # the file has them all
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -395,7 +614,7 @@ def test_a_second_signal_during_the_shutdown_stops_receive_at_once(receive, tmp_
     # A request in flight: the first signal waits for it (up to its time limit, 30 s).
     slow = socket.create_connection(("127.0.0.1", http_port), timeout=30)
     try:
-        slow.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Length: 100\r\n\r\n")
+        slow.sendall(head(100))
         body = request_of_size(100)  # answered after the slow one was accepted (first come, first accepted)
         assert post(http_port, head(len(body)), body)[0] == 200
         running.process.send_signal(signal.SIGTERM)
@@ -406,6 +625,83 @@ def test_a_second_signal_during_the_shutdown_stops_receive_at_once(receive, tmp_
         slow.close()
     assert "stopped at once" in running.rest()
     assert [json.loads(line) for line in out.read_text().splitlines()]
+
+
+MAX_RSS_GROWTH = 512 * MiB  # what the receiver's peak RSS may grow by, whatever clients send within its limits
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def request_at_every_bound(size: int) -> bytes:
+    """The costliest request the receiver accepts in ``size`` bytes: the most spans, the rest
+    of the values as empty resource spans (~200 bytes each once decoded, 2 on the wire), and
+    one attribute string filling the bytes."""
+    spans = field(2, EMPTY_SPAN * MAX_SPANS_PER_REQUEST)  # resource_spans[0].scope_spans[0]
+    # 7 values besides: resource spans, resource, key-value, key, value, string, scope spans.
+    wrappers = EMPTY_RESOURCE_SPANS * (MAX_VALUES_PER_REQUEST - MAX_SPANS_PER_REQUEST - 7)
+    pad = size - len(spans) - len(wrappers) - 32
+    while True:
+        pad_attribute = field(1, field(1, field(1, b"pad") + field(2, field(1, b"x" * pad))))
+        body = field(1, pad_attribute + spans) + wrappers
+        if len(body) == size:
+            return body
+        pad -= len(body) - size
+        assert pad >= 0
+
+
+@pytest.mark.e2e
+def test_the_receivers_memory_is_bounded_whatever_clients_send_within_its_limits(receive, tmp_path):
+    # Before: a 20 MiB body of empty spans alone took the receiver to 3.4 GB.
+    running = receive("--out", str(tmp_path / "received.jsonl"))
+    grpc_port, http_port = running.ports()
+    running.wait_for_line("Ctrl-C stops")
+    before = peak_rss(running.process.pid)
+    largest = request_at_every_bound(MAX_BODY_BYTES)
+    inflated = gzip.compress(largest, compresslevel=1)  # 90 KiB that inflate to the limit
+    empty_spans = request_holding("spans", (MAX_BODY_BYTES - 10) // 2)  # 10 million: refused by count
+    largest_grpc = request_at_every_bound(MAX_GRPC_MESSAGE_BYTES)
+
+    def grpc_call(body: bytes) -> str:
+        try:
+            grpc_export(grpc_port, body)
+        except grpc.RpcError as error:
+            return error.code().name
+        return "OK"
+
+    squeezed = gzip.compress(empty_spans, compresslevel=1)
+    with futures.ThreadPoolExecutor(32) as pool:  # all at once
+        stored = [pool.submit(post, http_port, head(len(largest)), largest) for _ in range(4)]
+        stored += [
+            pool.submit(post, http_port, head(len(inflated), Content_Encoding="gzip"), inflated) for _ in range(4)
+        ]
+        refused = [pool.submit(post, http_port, head(len(empty_spans)), empty_spans) for _ in range(2)]
+        refused += [
+            pool.submit(post, http_port, head(len(squeezed), Content_Encoding="gzip"), squeezed) for _ in range(4)
+        ]
+        calls = [pool.submit(grpc_call, largest_grpc) for _ in range(2 * MAX_GRPC_CALLS_AT_ONCE)]
+        stored_statuses = [done.result(timeout=300)[0] for done in stored]
+        refused_statuses = [done.result(timeout=300)[0] for done in refused]
+        codes = [done.result(timeout=300) for done in calls]
+        # Then, with the budget free again, each refused by its count alone.
+        counted = [
+            pool.submit(post, http_port, head(len(squeezed), Content_Encoding="gzip"), squeezed) for _ in range(4)
+        ]
+        counted_statuses = [done.result(timeout=300)[0] for done in counted]
+    grown = peak_rss(running.process.pid) - before
+    print(f"receiver peak RSS {before / MiB:.0f} MiB -> {(before + grown) / MiB:.0f} MiB (+{grown / MiB:.0f} MiB)")
+    # Stored (200) or too many bodies at once (503, which exporters retry): each answered.
+    assert set(stored_statuses) <= {200, 503} and 200 in stored_statuses, stored_statuses
+    # Over a bound: refused by their count (413), if not already for too many bodies at once.
+    assert set(refused_statuses) <= {413, 503}, refused_statuses
+    assert counted_statuses == [413] * 4
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"} and "OK" in codes, codes
+    assert grown <= MAX_RSS_GROWTH, f"peak RSS grew {grown / MiB:.0f} MiB (from {before / MiB:.0f} MiB)"
 
 
 @pytest.mark.e2e

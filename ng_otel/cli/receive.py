@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import signal
 import threading
@@ -23,48 +24,66 @@ from rich.console import Console
 from rich.markup import escape
 
 from ng_otel.cli.receiver import OtlpReceiver, otlp_json
-from ng_otel.cli.show import FailureGroup, groups_from_otlp, render
+from ng_otel.cli.show import SHORT_ID, FailureGroup, clean, groups_from_otlp, render
 
-MAX_REMEMBERED_EVENTS: Final = 10_000  # recent events kept to complete chains whose causes came earlier
+MAX_REMEMBERED_EVENTS: Final = 10_000  # recent events kept to name the causes of later ones
+# Failure events waiting to be printed: a terminal slower than the exports drops the rest (and
+# says how many) rather than holding them, or an export, for it.
+MAX_UNPRINTED_EVENTS: Final = 10_000
 STOP_GRACE_SECONDS: Final = 30.0  # the requests in flight at the first signal; each is bounded anyway
 _LOCK_WAIT: Final = 5.0  # stop at once: how long to wait for a request that is writing its line
 
 
 class RecentEvents:
-    """The last ``capacity`` failure events seen, by id: a cause that arrived in an earlier
-    request (another server exports on its own schedule) still joins its effect's tree."""
+    """The last ``capacity`` failure events printed, by id, and the causes named by printed
+    events that had not arrived yet: an event whose cause (or effect) was printed earlier is
+    printed once, with a one-line reference to it, never with the earlier chain again."""
 
     def __init__(self, capacity: int = MAX_REMEMBERED_EVENTS) -> None:
         self.capacity = capacity
         self._events: OrderedDict[str, tuple[dict[str, Any], str | None]] = OrderedDict()
+        self._awaited: OrderedDict[str, str] = OrderedDict()  # cause id -> the printed effect's id
 
     def add(self, record: dict[str, Any], service: str | None) -> None:
         self._events[record["event_id"]] = (record, service)
         self._events.move_to_end(record["event_id"])
         while len(self._events) > self.capacity:
             self._events.popitem(last=False)
+        cause_id = record.get("cause_id")
+        if isinstance(cause_id, str) and cause_id not in self._events:
+            self._awaited[cause_id] = record["event_id"]
+            while len(self._awaited) > self.capacity:
+                self._awaited.popitem(last=False)
 
     def get(self, event_id: str) -> tuple[dict[str, Any], str | None] | None:
         return self._events.get(event_id)
 
-    def complete(self, group: FailureGroup) -> None:
-        """Add to ``group`` the causes of its events that arrived before it."""
-        for record in list(group.events.values()):
+    def references(self, group: FailureGroup) -> list[str]:
+        """One line for each event of ``group`` whose cause, or whose effect, was printed
+        earlier (within the remembered events)."""
+        lines = []
+        for event_id, record in group.events.items():
             cause_id = record.get("cause_id")
-            while isinstance(cause_id, str) and cause_id not in group.events:
+            if isinstance(cause_id, str) and cause_id not in group.events:
                 known = self.get(cause_id)
-                if known is None:
-                    break
-                cause, service = known
-                group.events[cause_id] = cause
-                if service is not None:
-                    group.services[cause_id] = service
-                cause_id = cause.get("cause_id")
+                if known is not None:
+                    lines.append(f"↻ {_named(record)} was caused by {_named(known[0])}, shown earlier")
+            effect_id = self._awaited.get(event_id)
+            if effect_id is not None and effect_id not in group.events:
+                effect = self.get(effect_id)
+                if effect is not None:
+                    lines.append(f"↻ {_named(record)} caused {_named(effect[0])}, shown earlier")
+        return lines
+
+
+def _named(record: dict[str, Any]) -> str:
+    return f"{clean(str(record['failure_kind']), 80)} {clean(str(record['event_id'])[:SHORT_ID], SHORT_ID)}"
 
 
 class ReceiveSink:
-    """Takes each request from the receiver's threads: writes its OTLP JSON line, prints the
-    failure chains it carries."""
+    """Takes each request from the receiver's threads: writes its OTLP JSON line (under
+    ``lock``, which is all an export waits on) and hands the failure chains it carries to a
+    printer thread, which draws each event once."""
 
     def __init__(self, console: Console, out: IO[str] | None) -> None:
         self.console = console
@@ -74,6 +93,12 @@ class ReceiveSink:
         self.requests = {"traces": 0, "metrics": 0, "logs": 0}
         self.failures = 0
         self.lines = 0
+        self.unprinted = 0  # events dropped because the terminal fell behind
+        self._queue: queue.SimpleQueue[list[FailureGroup] | None] = queue.SimpleQueue()
+        self._queued = 0  # events waiting in _queue
+        self._queued_lock = threading.Lock()
+        self._printer = threading.Thread(target=self._print_forever, name="ng-otel-receive-print", daemon=True)
+        self._printer.start()
 
     def __call__(self, signal_name: str, request: Any) -> None:
         data = otlp_json(request)
@@ -81,22 +106,50 @@ class ReceiveSink:
             return  # an empty export request: nothing to keep
         line = json.dumps(data, separators=(",", ":")) + "\n"
         groups = [g for g in groups_from_otlp([(0, data)]) if isinstance(g, FailureGroup)]
+        del data
+        events = sum(len(group.events) for group in groups)
         with self.lock:
             self.requests[signal_name] += 1
             if self.out is not None:
                 self.out.write(line)
                 self.out.flush()  # a line at a time: `ng-otel show` reads the file while it grows
                 self.lines += 1
+            self.failures += events
+        if groups:
+            self._hand_to_printer(groups, events)
+
+    def _hand_to_printer(self, groups: list[FailureGroup], events: int) -> None:
+        with self._queued_lock:
+            if self._queued + events > MAX_UNPRINTED_EVENTS:
+                self.unprinted += events
+                return
+            self._queued += events
+        self._queue.put(groups)
+
+    def _print_forever(self) -> None:
+        while (groups := self._queue.get()) is not None:
             for group in groups:
-                arrived = list(group.events.values())
-                self.recent.complete(group)
-                self.console.print(render(group))
-                self.failures += len(arrived)
-                for record in arrived:
-                    self.recent.add(record, group.services.get(record["event_id"]))
+                self._print(group)
+                with self._queued_lock:
+                    self._queued -= len(group.events)
+
+    def _print(self, group: FailureGroup) -> None:
+        tree = render(group)
+        for reference in self.recent.references(group):
+            tree.append("\n")
+            tree.append(reference, "dim")
+        try:
+            self.console.print(tree)
+        except Exception:  # a terminal that went away costs the trees, never the exports
+            pass
+        for record in group.events.values():
+            self.recent.add(record, group.services.get(record["event_id"]))
 
     def close(self, wait: float | None = None) -> bool:
-        """Flush and close the file; with ``wait``, give up when a request holds it longer."""
+        """Print what is waiting, flush and close the file; with ``wait``, give up on either
+        when it takes longer."""
+        self._queue.put(None)
+        self._printer.join(wait)
         if not self.lock.acquire(timeout=-1 if wait is None else wait):
             return False
         try:
@@ -180,4 +233,7 @@ def _say_where(console: Console, receiver: OtlpReceiver, host: str, out: Path | 
 def _closing(sink: ReceiveSink, out: Path | None) -> str:
     counts = ", ".join(f"{count} {name}" for name, count in sink.requests.items())
     saved = f"; {sink.lines} lines in {escape(str(out))} (ng-otel show {escape(str(out))})" if out else ""
-    return f"received {sum(sink.requests.values())} requests ({counts}), {sink.failures} failure events{saved}"
+    unprinted = f" ({sink.unprinted} not printed: the terminal fell behind)" if sink.unprinted else ""
+    return (
+        f"received {sum(sink.requests.values())} requests ({counts}), {sink.failures} failure events{unprinted}{saved}"
+    )

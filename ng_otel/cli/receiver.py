@@ -6,24 +6,26 @@ Collector's ``otlpjsonfile`` receiver); the test suite uses it as the real OTLP 
 real exporters send to. It can refuse (UNAVAILABLE / 503) to play a collector in trouble.
 
 Whatever reaches it is outside input, so every request is bounded (``Limits``): body size,
-decompressed size, time per connection, connections at once, gRPC message size. Input it
-cannot read is answered 400 (gRPC: INVALID_ARGUMENT), never with a traceback.
+decompressed size, time to read it, connections at once, gRPC message size and calls at once,
+body bytes held at once; and what a request holds is counted before it is parsed (spans,
+events, links, attributes, values: ``ItemLimits``), because an empty span is 2 bytes on the
+wire and hundreds once decoded. At most ``MAX_DECODING_AT_ONCE`` requests are decoded at once,
+so the receiver's memory has a bound whatever clients send. Input it cannot read is answered
+400 (gRPC: INVALID_ARGUMENT), a request over a bound 413 (gRPC: RESOURCE_EXHAUSTED), never
+with a traceback. OTLP/HTTP is served by aiohttp (``_receiver_http``), gRPC by grpcio.
 """
 
 from __future__ import annotations
 
 import base64
-import io
 import json
 import logging
-import socket
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -34,6 +36,18 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from ng_otel.cli._receiver_http import Answer, HttpServer
+from ng_otel.cli._receiver_items import (
+    MAX_ATTRIBUTES_PER_REQUEST,
+    MAX_EVENTS_PER_REQUEST,
+    MAX_LINKS_PER_REQUEST,
+    MAX_SPANS_PER_REQUEST,
+    MAX_VALUES_PER_REQUEST,
+    ItemLimits,
+    NotProtobuf,
+    TooManyItems,
+    count_items,
+)
 from ng_otel.otel import names
 
 _log = logging.getLogger("ng_otel.receiver")
@@ -43,9 +57,18 @@ _log = logging.getLogger("ng_otel.receiver")
 MAX_BODY_BYTES = 20 * 1024 * 1024
 MAX_DECOMPRESSED_BYTES = 20 * 1024 * 1024
 MAX_GRPC_MESSAGE_BYTES = 4 * 1024 * 1024
-MAX_CONNECTION_SECONDS = 30.0  # from accept to the end of the answer: a slow client holds no thread longer
-MAX_HTTP_CONNECTIONS = 64  # HTTP connections served at once (one thread each); more are answered 503
-MAX_CHUNK_LINE_BYTES = 4096  # a chunk-size or trailer line of a chunked body
+MAX_CONNECTION_SECONDS = 30.0  # from accept to the whole request read: a slow client holds no connection longer
+MAX_HTTP_CONNECTIONS = 64  # HTTP connections served at once; more are answered 503
+MAX_FIELD_BYTES = 8190  # a header's value (aiohttp's max_field_size, its default): one past is answered 400
+# Request bodies read and not yet answered, all HTTP connections together: three whole bodies
+# at the limit. One that would pass it is answered 503, which exporters retry.
+MAX_BUFFERED_BODY_BYTES = 3 * MAX_BODY_BYTES
+MAX_GRPC_CALLS_AT_ONCE = 8  # gRPC calls held at once (each up to 4 MiB); more are answered RESOURCE_EXHAUSTED
+# Requests decoded at once (inflated, counted, parsed, made OTLP JSON, handed on), HTTP and
+# gRPC together. The work is Python under one GIL, so a second at once buys no speed, and it
+# would double the worst case: a request at every bound costs ~250 MiB while it is decoded
+# (a 20 MiB body, 500,000 values parsed and made a dict and a JSON line).
+MAX_DECODING_AT_ONCE = 1
 
 Signal = str  # "traces", "metrics" or "logs"
 OnRequest = Callable[[Signal, Any], None]
@@ -60,7 +83,11 @@ class Limits:
     grpc_message_bytes: int = MAX_GRPC_MESSAGE_BYTES
     connection_seconds: float = MAX_CONNECTION_SECONDS
     http_connections: int = MAX_HTTP_CONNECTIONS
-    chunk_line_bytes: int = MAX_CHUNK_LINE_BYTES
+    field_bytes: int = MAX_FIELD_BYTES
+    buffered_body_bytes: int = MAX_BUFFERED_BODY_BYTES
+    grpc_calls: int = MAX_GRPC_CALLS_AT_ONCE
+    decoding_at_once: int = MAX_DECODING_AT_ONCE
+    items: ItemLimits = field(default_factory=ItemLimits)
 
 
 _LAYOUT = {
@@ -92,18 +119,24 @@ _HEX_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
 def otlp_json(message: Any) -> Any:
     """The OTLP/JSON form of a request: protobuf JSON, except that trace and span ids are hex
     strings (the OTLP JSON encoding), not base64."""
-    return _hex_ids(MessageToDict(message))
+    data = MessageToDict(message)
+    _hex_ids(data)
+    return data
 
 
-def _hex_ids(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {
-            key: base64.b64decode(value).hex() if key in _HEX_ID_KEYS and isinstance(value, str) else _hex_ids(value)
-            for key, value in node.items()
-        }
-    if isinstance(node, list):
-        return [_hex_ids(item) for item in node]
-    return node
+def _hex_ids(root: Any) -> None:
+    """Rewrite the ids in place: a copy of the whole tree would double what a request costs."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _HEX_ID_KEYS and isinstance(value, str):
+                    node[key] = base64.b64decode(value).hex()
+                elif isinstance(value, (dict, list)):
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(item for item in node if isinstance(item, (dict, list)))
 
 
 def any_value(value: AnyValue) -> Any:
@@ -119,12 +152,8 @@ def attributes(items: Any) -> dict[str, Any]:
     return {item.key: any_value(item.value) for item in items}
 
 
-class Rejected(Exception):
+class Rejected(Answer):
     """A request the receiver answers with ``status`` instead of reading it."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def decompress(data: bytes, wbits: int, limit: int) -> bytes:
@@ -157,246 +186,6 @@ _INFLATE_STEP = 1 << 20
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": 32 + zlib.MAX_WBITS}  # deflate: zlib or gzip framing
 
 
-class OutOfTime(Exception):
-    """A connection used up its time (``Limits.connection_seconds``)."""
-
-
-class _Deadline:
-    """A connection's time budget. The check uses ``clock`` (injectable, so a test can stand
-    exactly at the bound); socket waits use the real monotonic clock."""
-
-    def __init__(self, seconds: float, clock: Callable[[], float]) -> None:
-        self._seconds = seconds
-        self._clock = clock
-        self._started = clock()
-        self._wait_until = time.monotonic() + seconds
-
-    def left(self) -> float:
-        """Seconds a socket may still wait; raises ``OutOfTime`` once the budget is spent."""
-        left = self._wait_until - time.monotonic()
-        if self._clock() - self._started > self._seconds or left <= 0:
-            raise OutOfTime
-        return left
-
-
-class _DeadlineSocket(io.RawIOBase):
-    """The connection's read side; every read waits at most what the deadline has left."""
-
-    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
-        super().__init__()
-        self._sock = sock
-        self._deadline = deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        self._sock.settimeout(self._deadline.left())
-        try:
-            return self._sock.recv_into(buffer)
-        except TimeoutError:  # the standard library would close in silence; the client hears 408
-            raise OutOfTime from None
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """OTLP/HTTP with protobuf bodies: POST /v1/traces, /v1/metrics, /v1/logs."""
-
-    server: _HttpServer
-
-    def setup(self) -> None:
-        self.deadline = _Deadline(self.server.limits.connection_seconds, self.server.clock)
-        self.connection = self.request
-        self.rfile = io.BufferedReader(_DeadlineSocket(self.connection, self.deadline))
-        self.wfile = self.connection.makefile("wb", buffering=0)
-        self.server.opened()
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server.closed()
-
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except OutOfTime:
-            self._answer_quietly(408, "connection time limit")
-        except OSError:
-            pass  # the client went away
-
-    def do_POST(self) -> None:
-        try:
-            signal = _HTTP_PATHS.get(self.path.split("?", 1)[0])
-            if signal is None:
-                raise Rejected(404, "not an OTLP path")
-            content_type = self.headers.get("Content-Type", "application/x-protobuf").split(";", 1)[0].strip()
-            if content_type != "application/x-protobuf":
-                raise Rejected(415, "only application/x-protobuf bodies are read")
-            body = self._body()
-            self.deadline.left()  # the whole request arrived in time
-            request = _SERVICES[signal][1]()
-            try:
-                request.ParseFromString(body)
-            except (DecodeError, RecursionError, ValueError) as error:
-                raise Rejected(400, f"not an OTLP {signal} request: {error}") from None
-            del body
-            status = self.server.receiver.accept(signal, request)
-            if status is not None:
-                raise Rejected(503, status)
-        except Rejected as rejected:
-            self._answer(rejected.status, str(rejected).encode(), "text/plain; charset=utf-8")
-            return
-        self._answer(200, _SERVICES[signal][2]().SerializeToString(), "application/x-protobuf")
-
-    def _body(self) -> bytes:
-        limits = self.server.limits
-        transfer = self.headers.get("Transfer-Encoding", "").strip().lower()
-        if transfer:
-            if transfer != "chunked":
-                raise Rejected(501, "only chunked transfer encoding is read")
-            body = self._chunked(limits.body_bytes, limits.chunk_line_bytes)
-        else:
-            length = self.headers.get("Content-Length")
-            if length is None:
-                raise Rejected(411, "Content-Length or chunked transfer encoding is needed")
-            if not length.strip().isdigit():
-                raise Rejected(400, "Content-Length is not a number")
-            size = int(length)
-            if size > limits.body_bytes:
-                raise Rejected(413, f"body over {limits.body_bytes} bytes")
-            body = self.rfile.read(size)
-            if len(body) < size:
-                raise Rejected(400, "the body ended before Content-Length")
-        encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding in ("", "identity"):
-            return body
-        if encoding not in _WBITS:
-            raise Rejected(415, "only gzip and deflate bodies are decompressed")
-        return decompress(body, _WBITS[encoding], limits.decompressed_bytes)
-
-    def _chunked(self, limit: int, line_limit: int) -> bytes:
-        body = bytearray()
-        while True:
-            size_text = self._control_line(line_limit).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise Rejected(400, "a chunk size is not hexadecimal") from None
-            if size < 0:
-                raise Rejected(400, "a chunk size is negative")
-            if size == 0:
-                while self._control_line(line_limit).strip():
-                    pass  # trailers: read and dropped
-                return bytes(body)
-            if len(body) + size > limit:
-                raise Rejected(413, f"body over {limit} bytes")
-            chunk = self.rfile.read(size)
-            if len(chunk) < size or self._control_line(line_limit).strip():
-                raise Rejected(400, "a chunk ended early or without CRLF")
-            body += chunk
-
-    def _control_line(self, limit: int) -> bytes:
-        line = self.rfile.readline(limit + 1)
-        if len(line) > limit:
-            raise Rejected(400, f"a chunk-size or trailer line over {limit} bytes")
-        if not line.endswith(b"\n"):
-            raise Rejected(400, "the chunked body ended early")
-        return line
-
-    def _answer(self, status: int, payload: bytes, content_type: str) -> None:
-        self.connection.settimeout(self.deadline.left())
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(payload)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(payload)
-        self.close_connection = True
-
-    def _answer_quietly(self, status: int, message: str) -> None:
-        """The last word to a client out of time: a bounded, best-effort answer."""
-        try:
-            self.connection.settimeout(1.0)
-            self.connection.sendall(
-                f"HTTP/1.0 {status} {message}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
-            )
-            self.connection.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """The standard library's own refusals (a request line or headers it cannot parse)."""
-        self.close_connection = True
-        self.request_version = "HTTP/1.0"  # never an HTTP/0.9 answer, which has no status line
-        self._answer(code, (message or "").encode("ascii", "replace"), "text/plain; charset=utf-8")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _HttpServer(ThreadingHTTPServer):
-    """The standard library's threading HTTP server with a bounded number of connections, each
-    with a bounded time, and no traceback printed for a connection that goes wrong."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  # the listen backlog: exporters that connect at once wait, not fail
-
-    def __init__(
-        self, address: tuple[str, int], receiver: OtlpReceiver, limits: Limits, clock: Callable[[], float]
-    ) -> None:
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        self.receiver = receiver
-        self.limits = limits
-        self.clock = clock
-        self._connections = threading.Condition()
-        self.connections = 0  # being served now
-        self._slots = threading.BoundedSemaphore(limits.http_connections)
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self._refuse(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def _refuse(self, request: socket.socket) -> None:
-        try:
-            request.settimeout(0)
-            request.send(b"HTTP/1.0 503 too many connections\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        except OSError:
-            pass
-        self.shutdown_request(request)
-
-    def opened(self) -> None:
-        with self._connections:
-            self.connections += 1
-            self._connections.notify_all()
-
-    def closed(self) -> None:
-        with self._connections:
-            self.connections -= 1
-            self._connections.notify_all()
-
-    def wait_connections(self, count: int, timeout: float) -> bool:
-        with self._connections:
-            return self._connections.wait_for(lambda: self.connections == count, timeout)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        _log.debug("OTLP/HTTP connection from %s failed", client_address, exc_info=True)
-
-
 class OtlpReceiver:
     """Collects every OTLP export request it receives (``keep=False``: hands each to
     ``on_request`` only, so memory stays flat however long it runs)."""
@@ -424,7 +213,8 @@ class OtlpReceiver:
         self.export_calls = 0
         self.host = "127.0.0.1"
         self._grpc: grpc.Server | None = None
-        self._http: _HttpServer | None = None
+        self._http: HttpServer | None = None
+        self._decoder: futures.ThreadPoolExecutor | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -432,40 +222,42 @@ class OtlpReceiver:
         """Listen on ``host`` (port 0: any free port; a restarted collector passes the old
         ports). Raises ``OSError`` when a port is taken."""
         self.host = host
+        # The decoding runs on these threads only, whoever received the request: the memory a
+        # decode frees is reused by the next (a thread's own malloc arena), not kept aside;
+        # decoding on the receiving threads measured 700 MiB where this measures 330.
+        self._decoder = futures.ThreadPoolExecutor(self.limits.decoding_at_once, thread_name_prefix="otlp-decode")
         self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="otlp-grpc"),
+            futures.ThreadPoolExecutor(max_workers=self.limits.grpc_calls, thread_name_prefix="otlp-grpc"),
             handlers=[self._grpc_service(signal) for signal in _SERVICES],
             options=[
                 ("grpc.max_receive_message_length", self.limits.grpc_message_bytes),
                 ("grpc.so_reuseport", 0),  # a port another server holds is an error, not shared
             ],
+            maximum_concurrent_rpcs=self.limits.grpc_calls,
         )
         try:
             self.grpc_port = self._grpc.add_insecure_port(f"{_bracketed(host)}:{grpc_port}")
         except RuntimeError as error:  # grpc's word for "cannot bind"
             raise OSError(f"cannot listen for OTLP/gRPC on {_bracketed(host)}:{grpc_port}: {error}") from None
         try:
-            self._http = _HttpServer((host, http_port), self, self.limits, self.clock)
+            self._http = HttpServer(host, http_port, self.limits, self.clock, _HTTP_PATHS, self._export_http)
         except OSError as error:
             self._grpc.stop(grace=None)
             raise OSError(f"cannot listen for OTLP/HTTP on {_bracketed(host)}:{http_port}: {error}") from None
         self._grpc.start()
-        self.http_port = self._http.server_address[1]
-        threading.Thread(target=self._http.serve_forever, name="otlp-http", daemon=True).start()
+        self._http.start()
+        self.http_port = self._http.port
         return self
 
     def _grpc_service(self, signal: Signal) -> grpc.GenericRpcHandler:
-        service, request_type, response_type = _SERVICES[signal]
+        service, _, response_type = _SERVICES[signal]
+        codes = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
         def export(body: bytes, context: grpc.ServicerContext) -> Any:
-            request = request_type()
             try:
-                request.ParseFromString(body)
-            except (DecodeError, RecursionError, ValueError):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an OTLP {signal} request")
-            refused = self.accept(signal, request)
-            if refused is not None:
-                context.abort(grpc.StatusCode.UNAVAILABLE, refused)
+                self.export(signal, [body], "identity")  # grpcio inflated it, to its message limit
+            except Rejected as rejected:
+                context.abort(codes.get(rejected.status, grpc.StatusCode.UNAVAILABLE), str(rejected))
             return response_type()
 
         # Raw bytes in: a body that does not parse is ours to answer, not a logged traceback.
@@ -474,10 +266,43 @@ class OtlpReceiver:
         )
         return grpc.method_handlers_generic_handler(service, {"Export": method})
 
-    def accept(self, signal: Signal, request: Any) -> str | None:
-        """Store one export request; returns why it is refused, or ``None``."""
+    def _export_http(self, signal: Signal, parts: list[bytes], encoding: str) -> bytes:
+        self.export(signal, parts, encoding)
+        return bytes(_SERVICES[signal][2]().SerializeToString())
+
+    def export(self, signal: Signal, parts: list[bytes], encoding: str) -> None:
+        """Decode one export request's body (its ``parts``, as ``encoding`` says) and store it.
+        Raises ``Rejected``: 400 for what is not an OTLP request, 413 for one over a bound, 503
+        when refusing or not stored. Empties ``parts``: the body is held once."""
         if self.delay:
             self._stopping.wait(self.delay)
+        assert self._decoder is not None, "start() first"
+        refused = self._decoder.submit(self._decode, signal, parts, encoding).result()
+        if refused is not None:
+            raise Rejected(503, refused)
+
+    def _decode(self, signal: Signal, parts: list[bytes], encoding: str) -> str | None:
+        body = b"".join(parts)
+        parts.clear()
+        if encoding not in ("", "identity"):
+            body = decompress(body, _WBITS[encoding], self.limits.decompressed_bytes)
+        request_type = _SERVICES[signal][1]
+        try:
+            count_items(body, request_type.DESCRIPTOR, self.limits.items)
+        except TooManyItems as error:
+            raise Rejected(413, str(error)) from None
+        except NotProtobuf as error:
+            raise Rejected(400, f"not an OTLP {signal} request: {error}") from None
+        request = request_type()
+        try:
+            request.ParseFromString(body)
+        except (DecodeError, RecursionError, ValueError) as error:
+            raise Rejected(400, f"not an OTLP {signal} request: {error}") from None
+        del body
+        return self.accept(signal, request)
+
+    def accept(self, signal: Signal, request: Any) -> str | None:
+        """Store one export request; returns why it is refused, or ``None``."""
         with self._lock:
             self.export_calls += 1
             if self.refuse:
@@ -501,10 +326,9 @@ class OtlpReceiver:
         if self._grpc is not None:
             done = self._grpc.stop(grace=grace).wait(grace)
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            if grace:
-                done = self._http.wait_connections(0, grace) and done
+            done = self._http.stop(grace) and done
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=False)
         return done
 
     @property
@@ -617,3 +441,29 @@ class OtlpReceiver:
 
 def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+__all__ = [
+    "MAX_ATTRIBUTES_PER_REQUEST",
+    "MAX_BODY_BYTES",
+    "MAX_BUFFERED_BODY_BYTES",
+    "MAX_FIELD_BYTES",
+    "MAX_CONNECTION_SECONDS",
+    "MAX_DECODING_AT_ONCE",
+    "MAX_DECOMPRESSED_BYTES",
+    "MAX_EVENTS_PER_REQUEST",
+    "MAX_GRPC_CALLS_AT_ONCE",
+    "MAX_GRPC_MESSAGE_BYTES",
+    "MAX_HTTP_CONNECTIONS",
+    "MAX_LINKS_PER_REQUEST",
+    "MAX_SPANS_PER_REQUEST",
+    "MAX_VALUES_PER_REQUEST",
+    "ItemLimits",
+    "Limits",
+    "OtlpReceiver",
+    "Rejected",
+    "any_value",
+    "attributes",
+    "decompress",
+    "otlp_json",
+]
