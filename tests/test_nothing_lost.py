@@ -1,6 +1,7 @@
 """What the second hardening round closed: each test failed on the code before it."""
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -268,9 +269,10 @@ SLOW_FLUSH = textwrap.dedent(
 )
 
 
-def test_a_second_sigterm_during_a_slow_flush_ends_the_process_at_once(tmp_path):
-    # A collector that accepts the connection and never answers: the first SIGTERM's flush
-    # waits out the exporter's 60 s timeout; the operator's second SIGTERM must not.
+@contextlib.contextmanager
+def flushing_child(script, tmp_path, export_timeout):
+    """``script`` in a child process exporting to a collector that accepts the connection and
+    never answers: (the child, the collector's socket)."""
     collector = socket.socket()
     collector.bind(("127.0.0.1", 0))
     collector.listen(8)
@@ -279,24 +281,29 @@ def test_a_second_sigterm_during_a_slow_flush_ends_the_process_at_once(tmp_path)
     env |= {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.getsockname()[1]}",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": str(export_timeout),
         "OTEL_METRICS_EXPORTER": "none",
         "OTEL_BSP_SCHEDULE_DELAY": "600000",
     }
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_FLUSH], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path
-    )
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         assert child.stdout.readline().strip() == "ready"
+        yield child, collector
+    finally:
+        child.kill()
+        child.wait()
+        collector.close()
+
+
+def test_a_second_sigterm_during_a_slow_flush_ends_the_process_at_once(tmp_path):
+    # The first SIGTERM's flush waits out the exporter's 60 s timeout; the operator's second
+    # SIGTERM must not.
+    with flushing_child(SLOW_FLUSH, tmp_path, export_timeout=60) as (child, collector):
         child.send_signal(signal.SIGTERM)
         connection, _ = collector.accept()  # the flush is under way: the exporter is connected
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=10) == -signal.SIGTERM
         connection.close()
-    finally:
-        child.kill()
-        child.wait()
-        collector.close()
 
 
 SHUTDOWN_THEN_SIGTERM = SLOW_FLUSH.replace(
@@ -308,32 +315,12 @@ def test_a_sigterm_while_shutdown_flushes_lets_the_flush_finish_then_ends_the_pr
     # The handler used to call shutdown() again, on the thread holding shutdown()'s lock: alive
     # at 40 s against a collector that never answers. Now the flush ends within the exporter's
     # timeout and the process ends as SIGTERM says.
-    collector = socket.socket()
-    collector.bind(("127.0.0.1", 0))
-    collector.listen(8)
-    collector.settimeout(30)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
-    env |= {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.getsockname()[1]}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_BSP_SCHEDULE_DELAY": "600000",
-    }
-    child = subprocess.Popen(
-        [sys.executable, "-c", SHUTDOWN_THEN_SIGTERM], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path
-    )
-    try:
-        assert child.stdout.readline().strip() == "ready"
+    with flushing_child(SHUTDOWN_THEN_SIGTERM, tmp_path, export_timeout=3) as (child, collector):
         connection, _ = collector.accept()  # shutdown() is flushing: the exporter is connected
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=20) == -signal.SIGTERM
         assert child.stdout.read() == ""  # it ended when the flush did, not after going on
         connection.close()
-    finally:
-        child.kill()
-        child.wait()
-        collector.close()
 
 
 @pytest.mark.parametrize(("value", "handler"), [("1", "flush_then_terminate"), ("0", "0")])  # 0: SIG_DFL
