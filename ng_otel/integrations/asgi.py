@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from opentelemetry import trace
 
+from ng_otel._compat import exception_handlers_of
 from ng_otel.contract.header import decode_json
 from ng_otel.gym.episodes import record_verify_outcome
 from ng_otel.integrations._exchange import (
@@ -280,8 +281,8 @@ def install_raise_recorder(app: Any) -> bool:
     before an exception leaves the router). True when both are in place."""
     node = app
     for _ in range(_MAX_APP_DEPTH):
-        handlers = getattr(node, "_exception_handlers", None)
-        if isinstance(handlers, dict) and hasattr(node, "app"):
+        handlers = exception_handlers_of(node)
+        if handlers is not None and hasattr(node, "app"):
             _wrap_handlers(handlers)
             if not isinstance(node.app, RaisedFailureRecorder):
                 node.app = RaisedFailureRecorder(node.app)

@@ -25,17 +25,15 @@ from urllib.parse import urlsplit
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import LoggerProvider, get_logger_provider, set_logger_provider
-from opentelemetry._logs._internal import ProxyLoggerProvider
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.trace import ProxyTracerProvider, TracerProvider
 
+from ng_otel._compat import ProxyLoggerProvider, ProxyMeterProvider, exporter_classes_named, processor_self_metrics
 from ng_otel._version import __version__
 from ng_otel.contract.events import MAX_ID_CHARS
 from ng_otel.contract.kinds import MAX_KIND_CHARS
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
-from ng_otel.otel._sdk_compat import processor_self_metrics
 from ng_otel.otel.export import LossCountingSpanExporter
 from ng_otel.otel.recorder import FailureRecorder, install_recorder
 from ng_otel.otel.settings import Settings, SettingsError, redact, warn_not_enabled
@@ -302,7 +300,7 @@ def _build(
     pushed: list[Any] = []  # the push metric exporters built: a rollback shuts them first
     try:
         # Metrics first: the span and log pipelines report what they drop through it.
-        if meter_provider is None and isinstance(metrics.get_meter_provider(), _ProxyMeterProvider):
+        if meter_provider is None and isinstance(metrics.get_meter_provider(), ProxyMeterProvider):
             meter_provider = _meter_provider(resource, pushed)
             built.append(meter_provider)
         meter_provider = meter_provider or metrics.get_meter_provider()
@@ -350,12 +348,9 @@ def _install(tracer_provider: Any, meter_provider: Any, logger_provider: Any, bu
 def exporter_classes(signal_name: str) -> list[type]:
     """The exporter classes ``OTEL_<SIGNAL>_EXPORTER`` names (default ``otlp``; a comma list;
     ``none`` for none), resolved through the SDK's own entry points and OTLP protocol rules."""
-    from opentelemetry.sdk._configuration import _get_exporter_entry_point, _import_config_components
-
     raw = os.environ.get(f"OTEL_{signal_name.upper()}_EXPORTER", "").strip() or "otlp"
     chosen = [name.strip() for name in raw.split(",") if name.strip() and name.strip().lower() != "none"]
-    entry_points = [_get_exporter_entry_point(name, signal_name) for name in chosen]  # type: ignore[arg-type]
-    return [impl for _, impl in _import_config_components(entry_points, f"opentelemetry_{signal_name}_exporter")]
+    return exporter_classes_named(chosen, signal_name)
 
 
 def _usable_exporter_classes(signal_name: str) -> list[type]:

@@ -8,7 +8,6 @@ so each event is exported and counted exactly once across hops.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -28,6 +27,7 @@ from opentelemetry.trace import (
     Tracer,
 )
 
+from ng_otel._compat import span_room
 from ng_otel._version import __version__
 from ng_otel.contract.classify import DEFAULT_CLASSIFIER, FailureClassifier
 from ng_otel.contract.events import NgFailureEvent
@@ -268,7 +268,7 @@ class _Target:
         self.counted = counted
         self.context = span.get_span_context()
         self.recording = span.is_recording()
-        room: tuple[float, float] = _room(span) if self.recording else (0, 0)
+        room: tuple[float, float] = span_room(span) if self.recording else (0, 0)
         self.events_room, self.links_room = room
 
     def has_room(self, links: int, events: bool) -> bool:
@@ -277,22 +277,6 @@ class _Target:
     def take_room(self, links: int, events: bool) -> None:
         self.events_room -= events
         self.links_room -= links
-
-
-def _room(span: Span) -> tuple[float, float]:
-    """How many more events and links ``span`` keeps: the SDK's ``SpanLimits``
-    (``OTEL_SPAN_EVENT_COUNT_LIMIT``, ``OTEL_SPAN_LINK_COUNT_LIMIT``, 128 each by default) less
-    what it holds; unbounded for a span that is not the SDK's."""
-    limits = getattr(span, "_limits", None)
-    if limits is None:
-        return math.inf, math.inf
-    # The SDK's own bounded lists: its ``events``/``links`` properties copy them on every read,
-    # which would make recording onto a busy span quadratic.
-    held_events = getattr(span, "_events", ())
-    held_links = getattr(span, "_links", ())
-    events = math.inf if limits.max_events is None else limits.max_events - len(held_events)
-    links = math.inf if limits.max_links is None else limits.max_links - len(held_links)
-    return events, links
 
 
 def _mark_error(span: Span, kind: str) -> None:
