@@ -26,10 +26,14 @@ PROCESSOR_MODULES: Final = ("opentelemetry.sdk.trace.export", "opentelemetry.sdk
 SWITCH_READER: Final = "parse_boolean_environment_variable"
 _patch_lock = threading.Lock()
 
+# Where the SDK's batch processors warn of every span their full queue drops.
+SDK_DROP_WARNINGS_LOGGER: Final = "opentelemetry.sdk._shared_internal"
+
 # What the API hands out before a provider is installed: none installed yet, where it is one.
 ProxyMeterProvider: Final = _ProxyMeterProvider
 
 __all__ = [
+    "SDK_DROP_WARNINGS_LOGGER",
     "ProxyLoggerProvider",
     "ProxyMeterProvider",
     "exception_handlers_of",

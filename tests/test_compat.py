@@ -118,3 +118,23 @@ def test_starlettes_exception_middleware_keeps_the_handler_table_named_here():
         f"starlette's ExceptionMiddleware no longer keeps {_compat.STARLETTE_HANDLERS}: "
         "ng_otel.integrations.asgi.install_raise_recorder must follow"
     )
+
+
+def test_a_full_span_queue_warns_through_the_logger_named_here(caplog):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider()
+    processor = BatchSpanProcessor(
+        InMemorySpanExporter(), max_queue_size=1, max_export_batch_size=1, schedule_delay_millis=60_000
+    )
+    provider.add_span_processor(processor)
+    with caplog.at_level("WARNING", logger=_compat.SDK_DROP_WARNINGS_LOGGER):
+        for _ in range(5):
+            provider.get_tracer("t").start_span("s").end()
+    try:
+        assert any(record.name == _compat.SDK_DROP_WARNINGS_LOGGER for record in caplog.records), (
+            f"the SDK no longer warns of dropped spans through {_compat.SDK_DROP_WARNINGS_LOGGER}: "
+            "ng_otel's RepeatLimit would no longer quiet it"
+        )
+    finally:
+        provider.shutdown()

@@ -28,7 +28,13 @@ from opentelemetry._logs import LoggerProvider, get_logger_provider, set_logger_
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import ProxyTracerProvider, TracerProvider
 
-from ng_otel._compat import ProxyLoggerProvider, ProxyMeterProvider, exporter_classes_named, processor_self_metrics
+from ng_otel._compat import (
+    SDK_DROP_WARNINGS_LOGGER,
+    ProxyLoggerProvider,
+    ProxyMeterProvider,
+    exporter_classes_named,
+    processor_self_metrics,
+)
 from ng_otel._version import __version__
 from ng_otel.contract.events import MAX_ID_CHARS
 from ng_otel.contract.kinds import MAX_KIND_CHARS
@@ -492,7 +498,7 @@ def _after(seconds: float, action: Callable[[], None]) -> threading.Timer:
 
 
 def _quiet_repeated_sdk_warnings() -> None:
-    logger = logging.getLogger("opentelemetry.sdk._shared_internal")
+    logger = logging.getLogger(SDK_DROP_WARNINGS_LOGGER)
     if not any(isinstance(existing, RepeatLimit) for existing in logger.filters):
         logger.addFilter(RepeatLimit(logger))
 
