@@ -21,11 +21,11 @@ from ng_otel.contract import (
 )
 
 if TYPE_CHECKING:
-    from ng_otel.otel.providers import enable
+    from ng_otel.gym.deployment import enable
     from ng_otel.otel.recorder import observe_failure, record_failure
 
 _TELEMETRY = {
-    "enable": "ng_otel.otel.providers",
+    "enable": "ng_otel.gym.deployment",
     "record_failure": "ng_otel.otel.recorder",
     "observe_failure": "ng_otel.otel.recorder",
 }

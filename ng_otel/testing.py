@@ -27,6 +27,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext
 
 from ng_otel._version import __version__
+from ng_otel.gym import deployment
+from ng_otel.integrations import hooks
 from ng_otel.otel import names
 from ng_otel.otel._guard import internal_errors_raise, raise_internal_errors
 from ng_otel.otel.recorder import FailureRecorder, get_recorder, install_recorder, is_enabled
@@ -208,13 +210,17 @@ class CapturedTelemetry:
 
 @contextmanager
 def capture_failures(signals: str = "spans", max_kinds: int = 200) -> Iterator[CapturedTelemetry]:
-    """Install an in-memory recorder for the duration of the block, then restore the previous."""
+    """Install an in-memory recorder for the duration of the block, with the rules every
+    process of Gym's gets from ``ng_otel.enable()`` (``/verify`` replies are verify
+    outcomes), then restore the previous recorder and rules."""
     captured = CapturedTelemetry(signals=signals, max_kinds=max_kinds)
-    previous, was_enabled = get_recorder(), is_enabled()
+    previous, was_enabled, previous_rules = get_recorder(), is_enabled(), hooks.saved()
     install_recorder(captured.recorder)
+    deployment.install_verify_reader()
     try:
         yield captured
     finally:
+        hooks.restore(previous_rules)
         install_recorder(previous, enabled=was_enabled)
         captured.tracer_provider.shutdown()
         captured.logger_provider.shutdown()

@@ -168,3 +168,30 @@ def test_server_middleware_answers_an_escaping_failure_with_status_body_and_head
     assert "X-NG-Failure-Context" in headers
     assert ok_status == 200 and "X-NG-Failure-Report" not in ok_headers
     assert telemetry.count() == 2
+
+
+def test_server_middleware_reads_verify_replies_as_the_asgi_middleware_does():
+    masked = {"reward": 0.0, "mask_sample": True, "failure_kind": "judge_failed", "failure_reason": "judge 503"}
+
+    async def verify(request):
+        return web.json_response(await request.json())
+
+    async def scenario():
+        runner, url = await serve([web.post("/verify", verify), web.post("/score", verify)], [failure_report_middleware])
+        try:
+            async with aiohttp.ClientSession() as session:
+                replies = []
+                for path in ("/verify", "/score"):
+                    async with session.post(f"{url}{path}", json=masked) as response:
+                        replies.append((response.status, dict(response.headers), await response.json()))
+            return replies
+        finally:
+            await runner.cleanup()
+
+    with capture_failures() as telemetry:
+        (status, headers, body), (_, score_headers, _) = run(scenario())
+    assert status == 200 and body == masked  # the reply is the app's own, read and passed on
+    report = FailureReport.from_header(headers["X-NG-Failure-Report"])
+    assert [record["failure_kind"] for record in report.events.values()] == ["judge_failed"]
+    assert "X-NG-Failure-Report" not in score_headers  # only the routes the reader was registered for
+    assert telemetry.count("ng.verify.outcomes", kind="judge_failed") == 1

@@ -224,8 +224,8 @@ def test_the_middleware_records_verify_outcomes_and_reports_them():
 def test_verify_recording_can_be_switched_off_or_pointed_elsewhere():
     body = json.dumps({"reward": 0.0, "mask_sample": True}).encode()
     with capture_failures() as telemetry:
-        asyncio.run(call(instrument_app(verify_app(), verify_paths=()), "/verify", body))
-        asyncio.run(call(instrument_app(verify_app("/score"), verify_paths=("/score",)), "/score", body))
+        asyncio.run(call(instrument_app(verify_app(), reply_paths=()), "/verify", body))
+        asyncio.run(call(instrument_app(verify_app("/score"), reply_paths=("/score",)), "/score", body))
     assert telemetry.count("ng.verify.outcomes") == 1
 
 

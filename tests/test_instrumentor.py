@@ -117,7 +117,7 @@ provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from ng_otel.integrations.instrumentor import NgOtelInstrumentor
+from ng_otel.instrumentor import NgOtelInstrumentor
 
 steps = {"fastapi": FastAPIInstrumentor, "ng_otel": NgOtelInstrumentor}
 for name in sys.argv[1].split(","):

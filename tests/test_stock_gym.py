@@ -22,7 +22,8 @@ from ng_otel.gym import collection_hook, deployment
 from ng_otel.gym.failures import escaped_failure, failure_kind_of
 from ng_otel.integrations import hooks, instrument_app
 from ng_otel.integrations.aiohttp import failure_trace_config
-from ng_otel.integrations.instrumentor import NgOtelInstrumentor, _patch_aiohttp_sessions
+from ng_otel.instrumentor import NgOtelInstrumentor, patch_framework
+from ng_otel.integrations import FRAMEWORKS
 from ng_otel.otel import names
 from ng_otel.otel.links import decode_context_header
 from ng_otel.testing import capture_failures
@@ -59,7 +60,7 @@ def gym_rules():
 def patched_aiohttp():
     """The instrumentor's aiohttp patches (sessions get the trace config, ``raise_for_status``
     keeps what the reply said), undone after."""
-    _patch_aiohttp_sessions()
+    patch_framework(next(framework for framework in FRAMEWORKS if "aiohttp" in framework.distributions))
     yield
     NgOtelInstrumentor()._uninstrument()
 

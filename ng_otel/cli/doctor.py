@@ -26,7 +26,6 @@ from ng_otel.otel.settings import PARAMS, Settings, SettingsError, redact
 SIGNALS = ("traces", "metrics", "logs")
 CONNECT_SECONDS = 1.0
 _OTLP_PORTS = {"grpc": 4317, "http/protobuf": 4318}
-_FRAMEWORKS = ("starlette", "fastapi", "aiohttp")
 NOWHERE = "no trace or metric exporter that would deliver: failures would be recorded nowhere"
 FATAL = ("ng_otel is switched off", "OTEL_SDK_DISABLED", NOWHERE)
 
@@ -54,8 +53,9 @@ class Diagnosis:
 
 
 def diagnose() -> Diagnosis:
-    from ng_otel.gym.deployment import gym_process
-    from ng_otel.otel.providers import _Resource, exporter_classes, gym_telemetry_installs_providers
+    from ng_otel.gym.deployment import gym_process, gym_telemetry_installs_providers
+    from ng_otel.integrations import FRAMEWORKS
+    from ng_otel.otel.providers import _Resource, exporter_classes
 
     found = Diagnosis()
     try:
@@ -90,7 +90,7 @@ def diagnose() -> Diagnosis:
         for signal_name in SIGNALS if wants_logs else SIGNALS[:2]:  # a logs pipeline only in logs mode
             found.exporters += _exporters(signal_name, exporter_classes)
         _judge_exporters(found, settings)
-    for name in _FRAMEWORKS:
+    for name in (name for framework in FRAMEWORKS for name in framework.distributions):
         try:
             found.frameworks.append((name, importlib.metadata.version(name)))
         except importlib.metadata.PackageNotFoundError:

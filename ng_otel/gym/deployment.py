@@ -12,11 +12,15 @@ program they run.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from ng_otel.otel.recorder import FailureRecorder
 
 CONFIG_PATH_VARIABLE: Final = "NEMO_GYM_CONFIG_PATH"
 CONFIG_DICT_VARIABLE: Final = "NEMO_GYM_CONFIG_DICT"
@@ -32,6 +36,11 @@ COLLECTION_COMMANDS: Final = frozenset({("eval", "run"), ("env", "collect"), ("r
 GYM_PROGRAMS: Final = frozenset({"gym", "nemo-gym", "ng_run", "ng_collect_rollouts"})
 RAY_PROCESS_MARK: Final = "_NG_OTEL_IN_RAY"  # set in Ray's processes, inherited by theirs (no setting)
 RAY_PACKAGE_PART: Final = f"{os.sep}ray{os.sep}"  # .../site-packages/ray/_private/workers/default_worker.py
+# nemo_gym/telemetry/setup.py, is_telemetry_env_enabled: the first of these that is set
+# decides, and Gym's telemetry needs nemo-lens to run at all.
+GYM_TELEMETRY_SWITCHES: Final = ("NEMO_GYM_OTEL_ENABLED", "NEMO_LENS_ENABLED")
+_GYM_TRUTHY: Final = ("1", "true", "yes", "on")
+VERIFY_PATHS: Final = ("/verify",)  # a resources server's verify route: its replies are verify outcomes
 
 
 @dataclass(frozen=True)
@@ -86,14 +95,75 @@ def server_boundary(server: str, config_yaml: str) -> str | None:
     return None
 
 
+def gym_telemetry_installs_providers() -> bool:
+    """True where NeMo Gym's own telemetry is switched on and can run (nemo-lens is
+    installed): it installs this process's providers when the Gym server starts."""
+    for name in GYM_TELEMETRY_SWITCHES:
+        raw = os.environ.get(name, "").strip().lower()
+        if raw:
+            return raw in _GYM_TRUTHY and _lens_installed()
+    return False
+
+
+def _lens_installed() -> bool:
+    try:
+        return importlib.util.find_spec("nemo.lens") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def enable(service_name: str | None = None, **options: Any) -> FailureRecorder | None:
+    """``ng_otel.otel.providers.enable`` for a process of a Gym deployment (what
+    ``ng_otel.enable`` is): the service is named after the Gym server where the environment
+    names none, the providers wait for Gym's own telemetry where it installs them, and Gym's
+    rules are registered with the adapters. Takes ``enable``'s arguments."""
+    from ng_otel.otel.providers import enable as enable_telemetry
+
+    process = gym_process()
+    options.setdefault("default_service_name", process.service_name if process is not None else None)
+    options.setdefault("defer_providers", gym_telemetry_installs_providers())
+    recorder = enable_telemetry(service_name, **options)
+    if recorder is not None:
+        install(process)
+    return recorder
+
+
+def enable_for_process() -> FailureRecorder | None:
+    """What ``opentelemetry-instrument`` does in each process: ``enable``, except in Ray's
+    own processes (unless ``NG_OTEL_RAY_PROCESSES`` asks), which it marks for their children."""
+    from ng_otel.otel.providers import ray_processes_wanted
+
+    if is_ray_process() and not ray_processes_wanted():
+        mark_ray_process()  # Ray's workers inherit Gym's environment; their telemetry is Ray's
+        return None
+    return enable()
+
+
+def uninstall() -> None:
+    """Forget Gym's rules (``opentelemetry-instrument``'s uninstrument; tests)."""
+    from ng_otel.integrations import hooks
+
+    hooks.reset()
+
+
+def install_verify_reader() -> None:
+    """Gym's rule that holds in every process: a ``/verify`` reply is a verify outcome."""
+    from ng_otel.gym.episodes import record_verify_outcome
+    from ng_otel.integrations import hooks
+
+    hooks.set_reply_reader(record_verify_outcome, VERIFY_PATHS)
+
+
 def install(process: GymProcess | None = None) -> GymProcess | None:
-    """Register Gym's rules with the adapters for this process (``opentelemetry-instrument``
-    does this): a server's escaping exceptions become its events, each failed attempt of
-    Gym's request loop a recovered event, and rollout collection's failure rows a
-    ``collection`` event saved with the row. Returns the process, ``None`` outside Gym."""
+    """Register Gym's rules with the adapters for this process (``enable`` does this): a
+    ``/verify`` reply is a verify outcome; in a Gym deployment's process, a server's
+    escaping exceptions become its events, each failed attempt of Gym's request loop a
+    recovered event, and rollout collection's failure rows a ``collection`` event saved with
+    the row. Returns the process, ``None`` outside Gym."""
     from ng_otel.gym import failures
     from ng_otel.integrations import hooks
 
+    install_verify_reader()  # any process may serve /verify
     process = process or gym_process()
     if process is None or process.boundary is None:
         return process

@@ -1,10 +1,36 @@
-"""Thin adapters, one per framework: each imports its framework and nothing else does."""
+"""Thin adapters, one per framework: each imports its framework and nothing else does.
+
+A framework is added by one adapter module that defines ``patch_framework(patch)`` and one
+entry in ``FRAMEWORKS``, which both the ``opentelemetry-instrument`` entry point and
+``ng-otel doctor`` read.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
 
-__all__ = ["instrument_app"]
+__all__ = ["FRAMEWORKS", "Framework", "Patch", "instrument_app"]
+
+Patch = Callable[[Any, str, Callable[[Any], Any]], None]
+"""``patch(owner, name, make)``: replace ``owner.name`` with ``make(original)``, undoably
+(the instrumentor undoes every patch on ``uninstrument``)."""
+
+
+@dataclass(frozen=True)
+class Framework:
+    """``distributions``: what ``doctor`` reports as installed or not; ``adapter``: the module
+    whose ``patch_framework(patch)`` the no-code path calls when it imports."""
+
+    distributions: tuple[str, ...]
+    adapter: str
+
+
+FRAMEWORKS: Final = (
+    Framework(("starlette", "fastapi"), "ng_otel.integrations.asgi"),
+    Framework(("aiohttp",), "ng_otel.integrations.aiohttp"),
+)
 
 
 def instrument_app(app: Any, **options: Any) -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from ng_otel.contract.events import NgFailureEvent, bound_text
-from ng_otel.contract.header import OMITTED_VALUE, REPORT_HEADER, encode_ascii_json
+from ng_otel.contract.header import OMITTED_VALUE, REPORT_HEADER, decode_json, encode_ascii_json
 from ng_otel.contract.kinds import PROTOCOL_VIOLATION
 from ng_otel.contract.report import FailureReport, failure_report_for
 from ng_otel.integrations.hooks import rules
@@ -126,3 +126,16 @@ def _protocol_violation(header: str, raw: Any, error: ValueError, boundary: str)
     shown = raw if isinstance(raw, str) else repr(raw)
     reason = f"malformed {header} from peer: {error}; raw value: {bound_text(json.dumps(shown), MAX_RAW_SHOWN)}"
     observe_failure(NgFailureEvent(PROTOCOL_VIOLATION, reason, boundary=boundary))
+
+
+@guarded
+def read_reply(body: bytes) -> None:
+    """Give the registered reply reader ``body`` decoded (the ASGI and aiohttp servers alike)."""
+    reader = rules.reply_reader
+    if reader is None:
+        return
+    try:
+        value = decode_json(body, "reply to read")
+    except ValueError:
+        value = None  # not JSON after all (or nested past any reply worth reading)
+    reader(value)

@@ -11,6 +11,7 @@ Server: ``web.Application(middlewares=[failure_report_middleware])``.
 
 from __future__ import annotations
 
+import functools
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -32,17 +33,20 @@ from opentelemetry.trace import SpanKind
 
 from ng_otel.contract.events import ForeignError, NgFailureEvent, bound_text
 from ng_otel.contract.report import FailureReport, rebuild_failure
+from ng_otel.integrations import Patch
 from ng_otel.integrations._exchange import (
     FAILURE_HEADERS,
     adopt_app_headers,
     failure_reply,
     observe_reply,
+    read_reply,
     reply_headers,
 )
-from ng_otel.integrations.hooks import rules
+from ng_otel.integrations.hooks import MAX_READ_REPLY_BYTES, rules
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import close_failure_log, current_failure_log, open_failure_log
+from ng_otel.otel.providers import settle_providers
 from ng_otel.otel.recorder import get_recorder, is_enabled, record_failure
 from ng_otel.otel.replies import ReplyEvidence, attach_reply
 
@@ -211,9 +215,16 @@ async def raise_boundary_failure(response: ClientResponse, *, boundary: str = "h
     raise failure
 
 
+def _read_reply_of(response: web.StreamResponse) -> None:
+    body = getattr(response, "body", None)  # a web.Response's whole body; a stream has none to read
+    if isinstance(body, bytes) and len(body) <= MAX_READ_REPLY_BYTES and response.content_type == "application/json":
+        read_reply(body)
+
+
 @web.middleware
 async def failure_report_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    """The aiohttp server twin of the ASGI middleware (streamed replies are not annotated)."""
+    """The aiohttp server twin of the ASGI middleware (streamed replies are not annotated;
+    the JSON replies of the reply reader's routes are read, as the ASGI middleware reads them)."""
     if not is_enabled():
         return await handler(request)  # type: ignore[no-any-return]
     log, token = open_failure_log()
@@ -229,6 +240,8 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
             status, body, report = answer
             record_failure(report)
             response = web.Response(status=status, body=body, content_type="application/json")
+        if not response.prepared and request.path in rules.reply_paths:
+            _read_reply_of(response)
         if not response.prepared and log:
             adopt_app_headers(response.headers.get, log, rules.client_boundary, response.status)  # the app's own
             for name in FAILURE_HEADERS:
@@ -240,3 +253,33 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
         return response
     finally:
         close_failure_log(token)
+
+
+def patch_framework(patch: Patch) -> None:
+    """The no-code path: every ``ClientSession`` gets the failure trace config, and
+    ``ClientResponse.raise_for_status`` (what Gym's request helpers call) keeps what the
+    reply said on the ``ClientResponseError`` it raises."""
+
+    def make_init(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, trace_configs: Any = None, **kwargs: Any) -> None:
+            settle_providers()  # a process without a web app (collection) has run Gym's set-up by now
+            configs = list(trace_configs or [])
+            configs.append(failure_trace_config())
+            original(self, *args, trace_configs=configs, **kwargs)
+
+        return __init__
+
+    def make_raise_for_status(original: Any) -> Any:
+        @functools.wraps(original)
+        def raise_for_status(self: Any) -> None:
+            try:
+                original(self)
+            except ClientResponseError as error:
+                attach_reply_evidence(self, error)  # what the reply said, for the failure raised above
+                raise
+
+        return raise_for_status
+
+    patch(ClientSession, "__init__", make_init)
+    patch(ClientResponse, "raise_for_status", make_raise_for_status)

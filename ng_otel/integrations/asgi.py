@@ -22,6 +22,7 @@ app answers is answered here with its ``http_status`` (500 without one) and a JS
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
@@ -30,19 +31,20 @@ from typing import Any, Final
 from opentelemetry import trace
 
 from ng_otel._compat import exception_handlers_of
-from ng_otel.contract.header import decode_json
-from ng_otel.gym.episodes import record_verify_outcome
+from ng_otel.integrations import Patch
 from ng_otel.integrations._exchange import (
     FAILURE_HEADERS,
     adopt_app_headers,
     failure_reply,
+    read_reply,
     record_escaped,
     reply_headers,
 )
-from ng_otel.integrations.hooks import rules
+from ng_otel.integrations.hooks import MAX_READ_REPLY_BYTES, rules
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import FailureLog, close_failure_log, open_failure_log
+from ng_otel.otel.providers import settle_providers
 from ng_otel.otel.recorder import is_enabled, record_failure
 
 Scope = MutableMapping[str, Any]
@@ -55,12 +57,12 @@ _log = logging.getLogger("ng_otel")
 _MAX_APP_DEPTH = 64  # how far down the middleware chain to look for the router
 _LOG_SCOPE_KEY = "ng_otel.failure_log"
 _INNER_APP_ATTRIBUTES = ("app", "_app")  # where ASGI middleware keep the app they wrap
-MAX_VERIFY_BODY = 1 << 20  # a verify reply larger than this is passed on unread
 
 
 class FailureReportMiddleware:
-    """``verify_paths``: routes whose JSON replies are verify responses, recorded with
-    ``record_verify_outcome`` (default ``("/verify",)``; ``()`` switches it off).
+    """``reply_paths``: routes whose JSON replies the registered reply reader reads (Gym's:
+    ``/verify`` replies are verify outcomes); ``None``, the routes it was registered for;
+    ``()`` switches it off.
     ``answer_failures=False`` leaves an escaping failure to the app's own error handler;
     ``record_raised=False`` when a ``RaisedFailureRecorder`` was placed already (by
     ``add_failure_layers``), otherwise the router below is found and one is put around it."""
@@ -69,12 +71,12 @@ class FailureReportMiddleware:
         self,
         app: ASGIApp,
         *,
-        verify_paths: Collection[str] = ("/verify",),
+        reply_paths: Collection[str] | None = None,
         answer_failures: bool = True,
         record_raised: bool = True,
     ) -> None:
         self.app = app
-        self.verify_paths = frozenset(verify_paths)
+        self.reply_paths = None if reply_paths is None else frozenset(reply_paths)
         self.answer_failures = answer_failures
         if record_raised and is_enabled():  # switched off, the app stays exactly as it was
             install_raise_recorder(app)
@@ -86,7 +88,8 @@ class FailureReportMiddleware:
         log, token = open_failure_log()
         if not self.answer_failures:
             scope[_LOG_SCOPE_KEY] = log  # for the app's error handler, which answers outside this layer
-        reply = _Reply(send, log, verify=scope.get("path") in self.verify_paths)
+        paths = rules.reply_paths if self.reply_paths is None else self.reply_paths
+        reply = _Reply(send, log, read=rules.reply_reader is not None and scope.get("path") in paths)
         try:
             await self.app(scope, receive, reply.send)
         except Exception as error:
@@ -116,13 +119,13 @@ class ReplyBroken(Exception):
 class _Reply:
     """Forwards the app's messages, adding the report where the reply can still carry it."""
 
-    __slots__ = ("_body", "_finished", "_held", "_held_bytes", "_log", "_send", "_stream", "_verify", "started")
+    __slots__ = ("_body", "_finished", "_held", "_held_bytes", "_log", "_read", "_send", "_stream", "started")
 
-    def __init__(self, send: Send, log: FailureLog, *, verify: bool = False) -> None:
+    def __init__(self, send: Send, log: FailureLog, *, read: bool = False) -> None:
         self._send = send
         self._log = log
-        self._verify = verify
-        self._held: Message | None = None  # a verify reply's start, until its body is read
+        self._read = read
+        self._held: Message | None = None  # the start of a reply to read, until its body is read
         self._body: list[bytes] = []
         self._held_bytes = 0
         self.started = False
@@ -134,7 +137,7 @@ class _Reply:
         if kind == "http.response.start":
             content_type = _content_type(message.get("headers", ()))
             self._stream = content_type.startswith(b"text/event-stream")
-            if self._verify and content_type.startswith(b"application/json"):
+            if self._read and content_type.startswith(b"application/json"):
                 self._held = message
                 return
             await self._start(message)
@@ -144,10 +147,10 @@ class _Reply:
             self._body.append(chunk)
             self._held_bytes += len(chunk)  # a running total: a reply of many small chunks stays linear
             if message.get("more_body", False):
-                if self._held_bytes > MAX_VERIFY_BODY:
+                if self._held_bytes > MAX_READ_REPLY_BYTES:
                     await self._release(more_body=True)
                 return
-            record_verify_outcome(_json(b"".join(self._body)))
+            read_reply(b"".join(self._body))
             await self._release(more_body=False)
             return
         if kind == "http.response.body" and self._stream and not message.get("more_body", False):
@@ -218,13 +221,6 @@ def _content_type(headers: Any) -> bytes:
         if name.lower() == b"content-type":
             return bytes(value).lower()
     return b""
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return decode_json(body, "verify reply")
-    except ValueError:
-        return None  # not JSON after all (or nested past any verify reply): nothing to count
 
 
 def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
@@ -359,3 +355,40 @@ def _add_report_headers(request: Any, response: Any) -> None:
 def _with_report(request: Any, response: Any) -> Any:
     _add_report_headers(request, response)
     return response
+
+
+def patch_framework(patch: Patch) -> None:
+    """The no-code path: every Starlette app (FastAPI's included) gets ng_otel's layers when
+    it builds its middleware stack, after the program's own telemetry set-up has run."""
+    from starlette.applications import Starlette
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def build_middleware_stack(self: Any) -> Any:
+            settle_providers()  # by now a Gym server has run its own telemetry set-up
+            add_failure_layers(self)
+            return original(self)
+
+        return build_middleware_stack
+
+    for cls in _stack_builders(Starlette):
+        patch(cls, "build_middleware_stack", make)
+
+
+def _stack_builders(base: type) -> list[type]:
+    """``base`` and every subclass loaded now that defines its own ``build_middleware_stack``.
+
+    FastAPI overrides Starlette's, and OpenTelemetry's FastAPI instrumentor replaces the name
+    ``fastapi.FastAPI`` with a subclass of its own; the class to patch is the one that defines
+    the method, wherever the public name points and whichever instrumentor loaded first."""
+    try:
+        import fastapi.applications  # noqa: F401  (loads FastAPI's class, the usual subclass)
+    except ImportError:
+        pass
+    found, pending = [], [base]
+    while pending:
+        cls = pending.pop()
+        if "build_middleware_stack" in cls.__dict__:
+            found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found

@@ -9,8 +9,10 @@ records only Gym failures (``NgFailureEvent`` in the explicit chain) and reports
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from ng_otel.contract.report import FailureReport
 
@@ -21,7 +23,12 @@ TransportKind = Callable[[BaseException], "str | None"]
 """The kind of a failed attempt that got no reply, when the caller resends such requests
 (``None``: not one this process reports)."""
 
+ReplyReader = Callable[[Any], object]
+"""Reads the decoded JSON body of a reply on one of the routes it was registered for (Gym's
+``/verify``: a verify outcome); what it returns is ignored."""
+
 DEFAULT_CLIENT_BOUNDARY = "harness"
+MAX_READ_REPLY_BYTES: Final = 1 << 20  # a reply to read larger than this is passed on unread
 
 
 @dataclass
@@ -29,6 +36,8 @@ class _Rules:
     escape: EscapeHook | None = None
     transport_kind: TransportKind | None = None
     client_boundary: str = DEFAULT_CLIENT_BOUNDARY
+    reply_reader: ReplyReader | None = None
+    reply_paths: frozenset[str] = field(default_factory=frozenset)
 
 
 rules = _Rules()
@@ -49,8 +58,23 @@ def set_transport_kind(rule: TransportKind | None) -> None:
     rules.transport_kind = rule
 
 
+def set_reply_reader(reader: ReplyReader | None, paths: Collection[str] = ()) -> None:
+    """Give ``reader`` the JSON replies of the routes ``paths`` (``None``: no reader)."""
+    rules.reply_reader = reader
+    rules.reply_paths = frozenset(paths) if reader is not None else frozenset()
+
+
+def saved() -> _Rules:
+    """A copy of the rules registered now, for ``restore``."""
+    return dataclasses.replace(rules)
+
+
+def restore(saved_rules: _Rules) -> None:
+    """Register again what ``saved`` copied, and nothing else."""
+    for rule in dataclasses.fields(_Rules):
+        setattr(rules, rule.name, getattr(saved_rules, rule.name))
+
+
 def reset() -> None:
     """Forget every registered rule (tests)."""
-    rules.escape = None
-    rules.transport_kind = None
-    rules.client_boundary = DEFAULT_CLIENT_BOUNDARY
+    restore(_Rules())

@@ -1,9 +1,10 @@
 """``enable()``: one call that turns ng_otel on in a server.
 
 Providers the application (or ``opentelemetry-instrument``'s distro) already installed are
-reused. Where NeMo Gym's own telemetry is switched on, it installs the providers itself once
-the server starts, which is after ``opentelemetry-instrument`` enabled ng_otel: ng_otel then
-installs none and records through the global providers, whatever they become. Otherwise SDK
+reused. Where the program installs its own providers once it starts (``defer_providers``:
+NeMo Gym's telemetry does, after ``opentelemetry-instrument`` enabled ng_otel), ng_otel
+installs none until ``settle_providers()`` and records through the global providers,
+whatever they become. Otherwise SDK
 providers are built with the exporters the standard variables name, resolved the way the SDK
 resolves them (its ``opentelemetry_<signal>_exporter`` entry points, comma lists, the OTLP
 protocol variables; ``otlp`` when unset), and installed only when every one of them could be
@@ -12,7 +13,6 @@ built. ``OTEL_SDK_DISABLED=true`` installs nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import logging
 import os
@@ -49,15 +49,10 @@ _lock = threading.Lock()
 _installed: FailureRecorder | None = None
 _owned: list[Any] = []  # providers enable() created, flushed and shut down by shutdown()
 _span_exporters: list[LossCountingSpanExporter] = []  # what those providers' span exporters reported
-_deferred: list[Callable[[], bool]] = []  # provider installs waiting for Gym's telemetry set-up
+_deferred: list[Callable[[], bool]] = []  # provider installs waiting for the program's own set-up
 _shutting_down = threading.Event()  # shutdown() is flushing
 _terminate_after_shutdown = threading.Event()  # a SIGTERM arrived meanwhile
 
-# NeMo Gym 0.7.0 (nemo_gym/telemetry/setup.py, is_telemetry_env_enabled): the first of these
-# that is set decides, and its telemetry needs nemo-lens to run at all.
-GYM_TELEMETRY_SWITCHES = ("NEMO_GYM_OTEL_ENABLED", "NEMO_LENS_ENABLED")
-_GYM_TRUTHY = ("1", "true", "yes", "on")
-GYM_SERVER_NAME = "NEMO_GYM_CONFIG_PATH"  # set by Gym in each server process it starts
 # OTEL_* variables a configuration error may come from, never quoted: they can hold secrets.
 _SECRET_VARIABLE_PARTS = ("HEADERS", "KEY", "CERTIFICATE", "PASSWORD", "TOKEN")
 
@@ -73,11 +68,14 @@ def enable(
     max_kinds: int | None = None,
     link_index_size: int | None = None,
     default_service_name: str | None = None,
+    defer_providers: bool = False,
 ) -> FailureRecorder | None:
     """Turn ng_otel on for this process; idempotent (a second call returns the first recorder).
 
     ``service_name`` names the service whatever the environment says; ``default_service_name``
     only where neither ``OTEL_SERVICE_NAME`` nor ``OTEL_RESOURCE_ATTRIBUTES`` names one.
+    ``defer_providers``: the program installs its own providers when it starts (NeMo Gym's
+    telemetry does); ``settle_providers()`` then installs ng_otel's for every signal it did not.
 
     The settings arguments win over the ``NG_OTEL_*`` variables (``docs/configuration.md``).
     A misspelt or ill-typed argument is the caller's bug and raises here (``TypeError``,
@@ -93,7 +91,7 @@ def enable(
     }
     Settings.resolve(**arguments, environ={})  # the arguments alone: their errors are the caller's
     resource = _Resource(service_name, default_service_name)
-    return _enable(resource, arguments, tracer_provider, meter_provider, logger_provider)
+    return _enable(resource, arguments, tracer_provider, meter_provider, logger_provider, defer_providers)
 
 
 @guarded
@@ -103,6 +101,7 @@ def _enable(
     tracer_provider: TracerProvider | None,
     meter_provider: MeterProvider | None,
     logger_provider: LoggerProvider | None,
+    defer_providers: bool,
 ) -> FailureRecorder | None:
     global _installed
     with _lock:
@@ -123,10 +122,10 @@ def _enable(
             return None
         if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
             pass  # the no-op API: nothing to build
-        elif gym_telemetry_installs_providers() and not any((tracer_provider, meter_provider, logger_provider)):
-            # Gym's set-up runs when its server starts, after this; whether it installed any
+        elif defer_providers and not any((tracer_provider, meter_provider, logger_provider)):
+            # The program's set-up runs when it starts, after this; whether it installed any
             # providers is known only then (nemo-lens 0.1.0 installs none): settle_providers().
-            _log.info("ng_otel: NeMo Gym's telemetry is on; ng_otel records through the providers it installs")
+            _log.info("ng_otel: the program installs its own providers; ng_otel records through them")
             _deferred.append(lambda: _install_own(resource, settings, None, None, None))
         elif not _install_own(resource, settings, tracer_provider, meter_provider, logger_provider):
             return None
@@ -167,15 +166,16 @@ def _install_own(
 
 @guarded
 def settle_providers() -> None:
-    """Where ``enable()`` left the providers to NeMo Gym's telemetry: install ng_otel's own
-    for every signal Gym's set-up did not provide (a no-op once settled, or when nothing
-    waits). The recorder already records through the global providers, whatever they are."""
+    """Where ``enable()`` left the providers to the program (``defer_providers``): install
+    ng_otel's own for every signal its set-up did not provide (a no-op once settled, or when
+    nothing waits). The recorder already records through the global providers, whatever
+    they are."""
     if not _deferred:
         return
     with _lock:
         pending, _deferred[:] = list(_deferred), []
         if isinstance(trace.get_tracer_provider(), ProxyTracerProvider):
-            _log.info("ng_otel: NeMo Gym's telemetry installed no providers; ng_otel installs its own")
+            _log.info("ng_otel: the program installed no providers; ng_otel installs its own")
         for install_own in pending:
             install_own()
 
@@ -251,28 +251,10 @@ def _otel_variables() -> str:
     return ", ".join(shown) or "no OTEL_* variable is set"
 
 
-def gym_telemetry_installs_providers() -> bool:
-    """True where NeMo Gym's own telemetry is switched on and can run (nemo-lens is
-    installed): it installs this process's providers when the Gym server starts."""
-    for name in GYM_TELEMETRY_SWITCHES:
-        raw = os.environ.get(name, "").strip().lower()
-        if raw:
-            return raw in _GYM_TRUTHY and _lens_installed()
-    return False
-
-
-def _lens_installed() -> bool:
-    try:
-        return importlib.util.find_spec("nemo.lens") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 @dataclass(frozen=True)
 class _Resource:
     """``service_name``, else the standard ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES``,
-    else ``default_service_name``, else the server's name in Gym's config: every process a
-    Gym deployment starts shares one environment, so that is what tells them apart."""
+    else ``default_service_name``."""
 
     service_name: str | None
     default_service_name: str | None
@@ -281,7 +263,7 @@ class _Resource:
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
         resource = Resource.create({SERVICE_NAME: self.service_name} if self.service_name else {})
-        fallback = self.default_service_name or os.environ.get(GYM_SERVER_NAME, "").strip()
+        fallback = self.default_service_name
         if fallback and str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: fallback}))
         return resource
