@@ -62,6 +62,8 @@ _MASKED: Final = 2
 _FAILED: Final = 3
 _OMITTED: Final = 4
 _SCORED: Final = frozenset({_MEASURED, _MASKED})  # a main row's outcomes: they end the rollout
+_INDEX_TYPES: Final = (int, str)  # exactly: a bool is no index
+_NUMBERED_LINE: Final = 2  # (line number, value)
 _TALLY_PLACE: Final = {_MEASURED: 1, _MASKED: 2, _FAILED: 3, _OMITTED: 4, _NO_OUTCOME: 5}  # in ACCOUNT_KEYS
 
 
@@ -141,7 +143,7 @@ def rollout_agent(row: Mapping[str, Any]) -> str:
     """The agent a rollout ran on, as Gym's ``_routing_identity`` reads it: ``agent_ref.name``,
     else the environment server a materialized taskset row names, else ``NO_AGENT``."""
     agent_ref = row.get(ROW_AGENT_REF)
-    name = agent_ref.get("name") if isinstance(agent_ref, Mapping) else None
+    name = agent_ref.get("name") if isinstance(agent_ref, dict) else None  # decoded JSON: a dict
     if isinstance(name, str) and name:
         return name
     server = row.get(ROW_ENVIRONMENT_SERVER)
@@ -163,12 +165,9 @@ def run_coverage(
         raise ValueError("min_valid: must be an int >= 0")
     state = _State()
     if inputs is not None:
-        for row in _rows(inputs, state):
-            state.expect(row)
-    for row in _rows(rows, state):
-        state.outcome(row, _OMITTED if row.get(ROW_NO_PERSIST) is True else _MASKED if row_masked(row) else _MEASURED)
-    for row in _rows(failures, state):
-        state.outcome(row, _OMITTED if row.get(ROW_NO_PERSIST) is True else _FAILED)
+        state.read(inputs, _EXPECTED)
+    state.read(rows, _MEASURED)
+    state.read(failures, _FAILED)
     return state.account(has_inputs=inputs is not None, min_valid=min_valid)
 
 
@@ -189,25 +188,39 @@ class _State:
             self.agents.append(name)
         return number << _AGENT_SHIFT
 
-    def expect(self, row: Mapping[str, Any]) -> None:
-        key = rollout_key(row)
-        if key is None:
-            self.rows_without_rollout += 1
-        elif key not in self.entries:
-            self.entries[key] = self._agent_bits(row) | _EXPECTED
-
-    def outcome(self, row: Mapping[str, Any], outcome: int) -> None:
-        key = rollout_key(row)
-        if key is None:
-            self.rows_without_rollout += 1
-            return
-        entry = self.entries.get(key)
-        if entry is None:  # not in the inputs (or none were given): its agent from this row
-            self.entries[key] = self._agent_bits(row) | outcome
-        elif outcome in _SCORED or entry & _OUTCOME_MASK not in _SCORED:
-            # A scored row ends the rollout: Gym never retries it, and never counts a failed
-            # attempt of a rollout that was also scored. Otherwise the later row stands.
-            self.entries[key] = (entry & ~_OUTCOME_MASK) | outcome
+    def read(self, items: Iterable[object], role: int) -> None:
+        """Account for every row of one file: ``role`` is ``_EXPECTED`` for the inputs,
+        ``_MEASURED`` for the main rows (masked when the row says so), ``_FAILED`` for the
+        sidecar. The hot loop of coverage: one pass, lookups kept local."""
+        entries = self.entries
+        for item in items:
+            if type(item) is tuple and len(item) == _NUMBERED_LINE:  # (line number, value): read_json_lines'
+                item = item[1]
+            if type(item) is not dict:
+                self.rows_without_rollout += 1
+                continue
+            task, rollout = item.get(ROW_TASK_INDEX), item.get(ROW_ROLLOUT_INDEX)
+            if type(task) not in _INDEX_TYPES or type(rollout) not in _INDEX_TYPES:
+                self.rows_without_rollout += 1
+                continue
+            key: RolloutKey = (task, rollout)  # type: ignore[assignment]  # checked just above
+            entry = entries.get(key)
+            if role == _EXPECTED:
+                if entry is None:
+                    entries[key] = self._agent_bits(item) | _EXPECTED
+                continue
+            if item.get(ROW_NO_PERSIST) is True:
+                outcome = _OMITTED
+            elif role == _MEASURED and row_masked(item):
+                outcome = _MASKED
+            else:
+                outcome = role
+            if entry is None:  # not in the inputs (or none were given): its agent from this row
+                entries[key] = self._agent_bits(item) | outcome
+            elif outcome in _SCORED or entry & _OUTCOME_MASK not in _SCORED:
+                # A scored row ends the rollout: Gym never retries it, and never counts a failed
+                # attempt of a rollout that was also scored. Otherwise the later row stands.
+                entries[key] = (entry & ~_OUTCOME_MASK) | outcome
 
     def account(self, *, has_inputs: bool, min_valid: int) -> RunCoverage:
         tallies = [[0] * len(ACCOUNT_KEYS) for _ in self.agents]
@@ -261,16 +274,6 @@ def _index_order(index: Index) -> tuple[bool, Any]:
 
 def _key_order(key: RolloutKey) -> tuple[tuple[bool, Any], tuple[bool, Any]]:
     return _index_order(key[0]), _index_order(key[1])
-
-
-def _rows(items: Iterable[object], state: _State) -> Iterable[Mapping[str, Any]]:
-    for item in items:
-        if type(item) is tuple and len(item) == 2:  # (line number, value), as read_json_lines yields
-            item = item[1]
-        if isinstance(item, dict):
-            yield item
-        else:
-            state.rows_without_rollout += 1
 
 
 # -- the run's files, by Gym's naming -----------------------------------------------------------
