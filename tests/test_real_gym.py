@@ -1077,3 +1077,67 @@ class TestGymEnvStart:
             assert "0 events exported" in text and "exported by the live run" in text and text.endswith("exit 0"), text
         ids = [event["ng.failure.id"] for event, _ in deployment.live.events()]
         assert len(ids) == len(set(ids))
+
+
+# -- after the run: the lane's rows read back as chains and as a coverage account -----------------
+
+SAVED_REPORT_KEYS = ("_ng_failure_id", "_ng_failure_events", "_ng_failure_events_omitted", "_ng_failure_contexts")
+
+
+class TestTheLaneSRowsAfterTheRun:
+    """The files the lane's ``gym eval run`` wrote, read after the run with no telemetry: the
+    sidecar row's nested body names the servers the live run's chain crossed, and the coverage
+    account of the three files names the rollout that never finished."""
+
+    def test_a_policy_model_answering_500_reads_as_model_agent_collection_with_the_provider_s_reason_at_the_root(
+        self, deployment: Deployment
+    ):
+        from ng_otel.contract.inner_errors import parse_inner_error, row_chain_records, row_server_boundaries
+        from ng_otel.contract.rows import row_report
+
+        row = deployment.task_rows("rollouts_failures.jsonl")["policy_500"]
+        chain = parse_inner_error(row["_ng_failure_response_body"], server_boundaries=row_server_boundaries(row))
+        assert [(hop.class_name, hop.server, hop.boundary) for hop in chain.hops] == [
+            ("SimpleAgent", "simpleqa_simple_agent", "agent"),  # /run, which called its own /v1/responses
+            ("SimpleAgent", "simpleqa_simple_agent", "agent"),
+            ("SimpleModelServer", "policy_model", "model"),
+        ]
+        assert chain.reason == "backend overloaded"  # the fake provider's own error.message
+
+        # Read as a stock 0.7.0 row (without the report ng_otel saved beside it), the row is the
+        # chain the live run exported: kind for kind, boundary for boundary, server for server.
+        stock = {key: value for key, value in row.items() if key not in SAVED_REPORT_KEYS}
+        outer = row_report(stock)
+        assert outer is not None and outer.failure_id is not None
+        records, servers = row_chain_records(stock, outer.events[outer.failure_id])
+        live, current = [], row["_ng_failure_id"]
+        while current is not None:
+            event, span = deployment.live.by_id()[current]
+            live.append((event["ng.failure.boundary"], event["ng.failure.kind"], span["service"]))
+            current = event.get("ng.failure.cause_id")
+        assert [(r["boundary"], r["failure_kind"], s) for r, s in zip(records, servers, strict=True)] == [
+            (boundary, kind, None if boundary == "collection" else service) for boundary, kind, service in live
+        ]
+        assert records[-1]["failure_reason"] == "backend overloaded"
+        report = FailureReport(events={r["event_id"]: r for r in records}, failure_id=records[0]["event_id"])
+        assert [r["event_id"] for r in report.chain()] == [r["event_id"] for r in records]
+
+    def test_the_coverage_account_adds_up_to_the_materialized_inputs_and_its_unknown_is_the_hung_rollout(
+        self, deployment: Deployment
+    ):
+        from ng_otel.runs.coverage import CoverageAccount, PromptGroup, read_run_coverage, run_files
+
+        files = run_files(deployment.out / "run" / "rollouts.jsonl")
+        assert files.failures is not None and files.inputs is not None  # beside the rows, by Gym's naming
+        tasks = [json.loads(line)["id"] for line in (HERE / "tasks.jsonl").read_text().splitlines()]
+        coverage = read_run_coverage(files)
+        # healthy and policy_drops_twice scored; policy_500 and judge_503 (masked, but routed to
+        # the sidecar) failed; policy_drops still retrying when collection was stopped.
+        account = CoverageAccount(expected=5, measured=2, masked=0, failed=2, omitted=0, unknown=1)
+        assert coverage.total == account
+        assert coverage.by_agent == {"simpleqa_simple_agent": account}
+        assert coverage.unknown_rollouts == ((tasks.index("policy_drops"), 0),)
+        assert (coverage.outside_inputs, coverage.rows_without_rollout) == (0, 0)
+        unscored = sorted(("policy_500", "judge_503", "policy_drops"), key=tasks.index)
+        invalid = read_run_coverage(files, min_valid=1).groups_below_min_valid
+        assert invalid == tuple(PromptGroup(tasks.index(task), valid=0, size=1) for task in unscored)
