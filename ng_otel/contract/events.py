@@ -170,6 +170,10 @@ class NgFailureEvent(Exception):
     http_status: int | None
     operation: str | None
     http_error: Any  # set by transport adapters: this hop's own status and body
+    recorded_at: Mapping[str, str] | None
+    """Where events of this chain were recorded, set by an adapter before the failure crosses a
+    process by pickle (Ray): event id -> ``<32 hex trace id>-<16 hex span id>``, the
+    ``X-NG-Failure-Context`` encoding. Pickled with the chain; never part of a record."""
 
     def __init__(
         self,
@@ -208,6 +212,7 @@ class NgFailureEvent(Exception):
         self._foreign_error = foreign_error
         self._recorded_cause_id: str | None = None
         self.http_error = None
+        self.recorded_at = None
 
     def __str__(self) -> str:
         return f"{self.failure_kind}: {self.failure_reason}"
@@ -285,16 +290,30 @@ class NgFailureEvent(Exception):
         event._foreign_error = ForeignError.from_record(foreign) if foreign is not None else None
         event._recorded_cause_id = record.get("cause_id")
         event.http_error = None
+        event.recorded_at = None
         return event
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickle the explicit Gym chain as flat records (no recursion on deep chains);
         # the traceback and foreign objects are not picklable facts, foreign_error is.
-        return (_unpickle_chain, (tuple(gym_chain_records(self)),))
+        records = tuple(gym_chain_records(self))
+        recorded_at = getattr(self, "recorded_at", None)
+        if recorded_at:
+            return (_unpickle_chain, (records, dict(recorded_at)))
+        return (_unpickle_chain, (records,))
 
 
-def _unpickle_chain(records: tuple[dict[str, Any], ...]) -> NgFailureEvent:
-    return link_records(records)
+def _unpickle_chain(
+    records: tuple[dict[str, Any], ...], recorded_at: Mapping[str, str] | None = None
+) -> NgFailureEvent:
+    event = link_records(records)
+    if recorded_at:
+        ids = {record["event_id"] for record in records}
+        # Plain strings of this chain's events only; the otel side validates their form.
+        event.recorded_at = {
+            key: value for key, value in recorded_at.items() if key in ids and isinstance(value, str)
+        } or None
+    return event
 
 
 def link_records(records: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> NgFailureEvent:

@@ -30,6 +30,7 @@ class Framework:
 FRAMEWORKS: Final = (
     Framework(("starlette", "fastapi"), "ng_otel.integrations.asgi"),
     Framework(("aiohttp",), "ng_otel.integrations.aiohttp"),
+    Framework(("ray",), "ng_otel.integrations.ray"),
 )
 
 
