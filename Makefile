@@ -36,7 +36,7 @@ test: lint
 	$(BIN)/pytest -q -m "not real_gym"
 
 real-gym: $(STAMP)
-	$(BIN)/pytest -q -m real_gym tests/test_real_gym.py
+	$(BIN)/pytest -q -m real_gym tests/test_real_gym.py tests/test_ray.py
 
 matrix: $(STAMP)
 	tools/unit-on-pythons.sh
