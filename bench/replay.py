@@ -22,10 +22,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from ng_otel.contract import NgFailureEvent, failure_report_for
-from ng_otel.contract.rows import read_json_lines
 from ng_otel.gym.collection import ReplaySummary, replay_row, report_row
 from ng_otel.otel import names
 from ng_otel.otel.recorder import FailureRecorder, install_recorder
+from ng_otel.runs.inputs import read_json_lines
 
 CHUNK = 5_000
 

@@ -26,7 +26,7 @@ from _mixed_rows import write_mixed_rows
 from rich.console import Console
 
 from ng_otel.cli.show import show_paths
-from ng_otel.cli.summary import summarise
+from ng_otel.runs.summary import summarise
 
 ROUNDS = 5
 

@@ -1,21 +1,19 @@
-"""The command line, run as a user runs it: `ng-otel ...` in a subprocess."""
+"""The command line: ``main(argv)`` in this process where the command is a function of files
+and environment (``cli``); ``ng-otel`` in a process of its own where the process matters (replay
+flushes its exporters as it exits); and the demo from the installed wheel, from a user's folder."""
 
-import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ng_otel.cli.receiver import OtlpReceiver
-from ng_otel.cli.show import INVALID_OTLP_EVENT, OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES
-
-pytestmark = pytest.mark.e2e  # the installed command, run from a folder of its own
+from ng_otel.runs.inputs import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES
+from ng_otel.runs.otlp import INVALID_OTLP_EVENT
 
 
 @pytest.fixture(scope="module")
-def demo(ng_otel_cli, tmp_path_factory):
+def demo(ng_otel_cli, tmp_path_factory):  # the installed command, run from a folder of its own
     folder = tmp_path_factory.mktemp("a-users-folder")
     done = ng_otel_cli("demo", cwd=folder)  # no --out: under the current folder
     out = folder / "ng-otel-demo"
@@ -42,6 +40,7 @@ def live_events(telemetry: Path):
     return where, links
 
 
+@pytest.mark.e2e
 def test_demo_prints_every_chain_as_a_tree_and_saves_the_rows(demo):
     stdout, out = demo
     lines = [line.rstrip() for line in stdout.splitlines()]
@@ -71,6 +70,7 @@ def test_demo_prints_every_chain_as_a_tree_and_saves_the_rows(demo):
     assert f"rows: {out / 'rows.jsonl'}" in stdout
 
 
+@pytest.mark.e2e
 def test_demo_telemetry_is_otlp_json_with_hex_ids_and_each_event_once(demo):
     _, out = demo
     where, links = live_events(out / "telemetry.jsonl")
@@ -82,12 +82,13 @@ def test_demo_telemetry_is_otlp_json_with_hex_ids_and_each_event_once(demo):
     assert len(links) >= 3
 
 
-def test_replay_of_the_demo_rows_gives_the_same_chains_as_the_live_run(demo, ng_otel_cli):
+@pytest.mark.e2e
+def test_replay_of_the_demo_rows_gives_the_same_chains_as_the_live_run(demo, ng_otel_process):
     _, out = demo
     live_where, live_links = live_events(out / "telemetry.jsonl")
     receiver = OtlpReceiver().start()
     try:
-        done = ng_otel_cli(
+        done = ng_otel_process(
             "replay",
             "--include-live",  # a receiver that did not see the live run
             str(out / "rows.jsonl"),
@@ -175,21 +176,21 @@ def rows_file(tmp_path):
     return path
 
 
-def test_show_draws_trees_filters_and_reports_bad_lines_with_their_numbers(rows_file, ng_otel_cli):
-    done = ng_otel_cli("show", str(rows_file))
+def test_show_draws_trees_filters_and_reports_bad_lines_with_their_numbers(rows_file, cli):
+    done = cli("show", str(rows_file))
     assert done.returncode == 0
     assert "line 1 · scenario a" in done.stdout and "line 2 · scenario b" in done.stdout
     assert "\x1b" not in done.stdout and "[bold]markup[/bold]" in done.stdout
     assert "line 3: skipped: not JSON" in done.stdout
     assert "line 5: skipped: invalid failure report: events.z" in done.stdout
-    only = ng_otel_cli("show", str(rows_file), "--kind", "transport_timeout")
+    only = cli("show", str(rows_file), "--kind", "transport_timeout")
     assert "scenario a" in only.stdout and "scenario b" not in only.stdout
-    by_boundary = ng_otel_cli("show", str(rows_file), "--boundary", "environment")
+    by_boundary = cli("show", str(rows_file), "--boundary", "environment")
     assert "scenario b" in by_boundary.stdout and "scenario a" not in by_boundary.stdout
 
 
-def test_show_limit_stops_after_n_groups_and_full_ids_print_ids_jaeger_can_search(rows_file, tmp_path, ng_otel_cli):
-    limited = ng_otel_cli("show", str(rows_file), "--limit", "1")
+def test_show_limit_stops_after_n_groups_and_full_ids_print_ids_jaeger_can_search(rows_file, tmp_path, cli):
+    limited = cli("show", str(rows_file), "--limit", "1")
     assert limited.returncode == 0
     assert "scenario a" in limited.stdout and "scenario b" not in limited.stdout
     assert "1 failure chain group(s) shown" in limited.stdout and "--limit" in limited.stdout
@@ -201,17 +202,17 @@ def test_show_limit_stops_after_n_groups_and_full_ids_print_ids_jaeger_can_searc
     row["_ng_failure_events"][event_id]["event_id"] = event_id
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    short = ng_otel_cli("show", str(path))
+    short = cli("show", str(path))
     assert event_id[:12] in short.stdout and event_id not in short.stdout
-    full = ng_otel_cli("show", str(path), "--full-ids")
+    full = cli("show", str(path), "--full-ids")
     assert full.stdout.splitlines()[1].endswith(event_id)
 
 
-def test_kinds_lists_the_vocabulary_and_check_finds_unregistered_kinds(rows_file, ng_otel_cli):
-    listing = ng_otel_cli("kinds")
+def test_kinds_lists_the_vocabulary_and_check_finds_unregistered_kinds(rows_file, cli):
+    listing = cli("kinds")
     assert listing.returncode == 0 and "24 shared failure kinds" in listing.stdout
     assert "cohort_incomplete" in listing.stdout
-    check = ng_otel_cli("kinds", "--check", str(rows_file))
+    check = cli("kinds", "--check", str(rows_file))
     assert check.returncode == 1
     assert "browser_crashed" in check.stdout and "swe:patch_failed" not in check.stdout
 
@@ -221,7 +222,7 @@ def table_row(*cells: str) -> str:
     return "│ " + " │ ".join(cells) + " │"
 
 
-def test_kinds_check_lists_malformed_kinds_and_the_lines_it_could_not_check(tmp_path, ng_otel_cli):
+def test_kinds_check_lists_malformed_kinds_and_the_lines_it_could_not_check(tmp_path, cli):
     path = tmp_path / "rows.jsonl"
     record = {"event_id": "e1", "boundary": "model", "failure_kind": "Transport-Timeout", "failure_reason": "slow"}
     saved = {"_ng_failure_id": "e1", "_ng_failure_events": {"e1": record}}
@@ -233,7 +234,7 @@ def test_kinds_check_lists_malformed_kinds_and_the_lines_it_could_not_check(tmp_
         json.dumps({"resourceSpans": []}),  # OTLP among rows: a skipped line, as show and summary say
     ]
     path.write_text("\n".join(lines) + "\n")
-    done = ng_otel_cli("kinds", "--check", str(path))
+    done = cli("kinds", "--check", str(path))
     assert done.returncode == 1, done.stdout + done.stderr
     out = " ".join(done.stdout.split())
     assert table_row("TransportTimeout", "malformed", "1", "1") in out
@@ -244,41 +245,57 @@ def test_kinds_check_lists_malformed_kinds_and_the_lines_it_could_not_check(tmp_
     assert "every failure_kind" not in out
 
 
-def test_kinds_check_reads_the_kinds_of_otlp_json_lines(demo, tmp_path, ng_otel_cli):
+def test_kinds_check_takes_several_files_and_says_which_each_kind_is_in(tmp_path, cli):
+    rows, sidecar = tmp_path / "rows.jsonl", tmp_path / "rows_failures.jsonl"
+    rows.write_text(json.dumps({"_ng_failure_class": "transport_timeout"}) + "\n{not json\n")
+    sidecar.write_text("\n".join(json.dumps({"_ng_failure_class": kind}) for kind in ("made_up", "Bad-Kind")) + "\n")
+    done = cli("kinds", "--check", str(rows), str(sidecar))
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = " ".join(done.stdout.split())
+    assert table_row("made_up", "unregistered", "1", f"{sidecar}:1") in out
+    assert table_row("Bad-Kind", "malformed", "1", f"{sidecar}:2") in out
+    assert f"{rows}:2: skipped: not JSON" in out and f"1 line(s) of {rows}, {sidecar} could not be checked" in out
+    both_clean = cli("kinds", "--check", str(rows.with_name("a.jsonl")), str(rows.with_name("b.jsonl")))
+    assert both_clean.returncode == 2 and "a.jsonl: no such file" in both_clean.stderr
+
+
+@pytest.mark.e2e
+def test_kinds_check_reads_the_kinds_of_otlp_json_lines(demo, tmp_path, cli):
     _, out = demo
     telemetry = (out / "telemetry.jsonl").read_text()
-    clean = ng_otel_cli("kinds", "--check", str(out / "telemetry.jsonl"))
+    clean = cli("kinds", "--check", str(out / "telemetry.jsonl"))
     assert clean.returncode == 0 and "is registered or namespaced" in clean.stdout, clean.stdout + clean.stderr
     # Every export twice (a retried export), then a row: each event is counted once, as summary
     # counts it, and the row is a line of the other format.
     made_up = tmp_path / "made_up.jsonl"
     made_up.write_text(2 * telemetry.replace('"transport_timeout"', '"made_up_kind"') + '{"a": "row"}\n')
-    done = ng_otel_cli("kinds", "--check", str(made_up))
+    done = cli("kinds", "--check", str(made_up))
     assert done.returncode == 1, done.stdout + done.stderr
-    events = json.loads(ng_otel_cli("summary", "--json", str(out / "telemetry.jsonl")).stdout)["by_kind"]
+    events = json.loads(cli("summary", "--json", str(out / "telemetry.jsonl")).stdout)["by_kind"]
     checked = " ".join(done.stdout.split())
     assert table_row("made_up_kind", "unregistered", str(events["transport_timeout"])) in checked
     assert f"skipped: {ROW_AMONG_OTLP_LINES}" in checked
     # An OTLP event whose kind no row could hold is a skipped line, as in show and summary.
     malformed = tmp_path / "malformed.jsonl"
     malformed.write_text(telemetry.replace('"transport_timeout"', '"Transport-Timeout"'))
-    done = ng_otel_cli("kinds", "--check", str(malformed))
+    done = cli("kinds", "--check", str(malformed))
     assert done.returncode == 1 and f"skipped: {INVALID_OTLP_EVENT}" in " ".join(done.stdout.split())
 
 
 @pytest.mark.parametrize("name", ["[/x].jsonl", "[red]x.jsonl", "esc\x1b[31mRED.jsonl"])
-def test_kinds_check_prints_a_file_name_literally(tmp_path, ng_otel_cli, name):
+def test_kinds_check_prints_a_file_name_literally(tmp_path, cli, name):
     path = tmp_path / name
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps({"_ng_failure_class": "transport_timeout"}) + "\n")
-    done = ng_otel_cli("kinds", "--check", name, cwd=tmp_path)
+    done = cli("kinds", "--check", name, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     shown = name.replace("\x1b", "\N{REPLACEMENT CHARACTER}")  # no escape sequence reaches the terminal
     assert f"every failure_kind in {shown} is registered or namespaced" in done.stdout
 
 
-def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp, ng_otel_cli):
-    done = ng_otel_cli(
+@pytest.mark.e2e
+def test_replay_reports_bad_rows_and_exits_nonzero(rows_file, otlp, ng_otel_process):
+    done = ng_otel_process(
         "replay",
         str(rows_file),
         env={
@@ -301,40 +318,36 @@ HOSTILE_NAME = "[/x]esc\x1b[31mRED.jsonl"
 @pytest.mark.parametrize(
     "command", [["show"], ["kinds", "--check"], ["replay"], ["summary"], ["report", "-o", "report.html"]]
 )
-def test_a_missing_file_is_one_line_on_stderr_naming_it_literally(tmp_path, ng_otel_cli, command):
-    done = ng_otel_cli(*command, HOSTILE_NAME, cwd=tmp_path)
+def test_a_missing_file_is_one_line_on_stderr_naming_it_literally(tmp_path, cli, command):
+    done = cli(*command, HOSTILE_NAME, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     shown = HOSTILE_NAME.replace("\x1b", "\N{REPLACEMENT CHARACTER}")
     assert done.stdout == "" and done.stderr == f"ng-otel: {shown}: no such file\n"
 
 
 @pytest.mark.parametrize("limit", ["-1", "x", "1.5"])
-def test_show_limit_says_what_it_takes(rows_file, ng_otel_cli, limit):
-    done = ng_otel_cli("show", str(rows_file), "--limit", limit)
+def test_show_limit_says_what_it_takes(rows_file, cli, limit):
+    done = cli("show", str(rows_file), "--limit", limit)
     assert done.returncode == 2 and done.stdout == ""
     assert f"argument --limit: expected a whole number, 0 or more, not '{limit}'" in done.stderr
-    nothing = ng_otel_cli("show", str(rows_file), "--limit", "0")  # 0 is taken, as before: no tree
+    nothing = cli("show", str(rows_file), "--limit", "0")  # 0 is taken, as before: no tree
     assert nothing.returncode == 0 and "0 failure chain group(s) shown" in nothing.stdout
 
 
 def test_kinds_check_keeps_a_bounded_table_of_endless_distinct_kinds(tmp_path, monkeypatch):
-    from rich.console import Console
+    from ng_otel.runs import kinds
 
-    from ng_otel import cli
-
-    monkeypatch.setattr(cli, "MAX_LISTED_KINDS", 3)  # small enough to pass; the default is 1,000
+    monkeypatch.setattr(kinds, "MAX_LISTED_KINDS", 3)  # small enough to pass; the default is 1,000
     path = tmp_path / "kinds.jsonl"
     path.write_bytes(b"".join(json.dumps({"_ng_failure_class": f"made_up_{n}"}).encode() + b"\n" for n in range(10)))
-    found = cli.KindCheck()
-    found.read(path, Console(file=io.StringIO()))
+    found = kinds.KindCheck()
+    found.read(path)
     assert len(found.kinds) == 4 and sum(found.kinds.values()) == 10  # three by name, the rest as _other
-    assert found.kinds[("_other", cli.UNREGISTERED)] == 7
+    assert found.kinds[("_other", kinds.UNREGISTERED)] == 7
 
 
 @pytest.mark.parametrize("command", [["show"], ["summary"], ["summary", "--json"], ["kinds", "--check"], ["replay"]])
-def test_a_device_is_refused_at_once_instead_of_read_forever(command):
+def test_a_device_is_refused_at_once_instead_of_read_forever(cli, command):
     # /dev/zero never ends and holds no newline: every reader went on forever, in flat memory.
-    done = subprocess.run(
-        [sys.executable, "-m", "ng_otel.cli", *command, "/dev/zero"], capture_output=True, text=True, timeout=60
-    )
+    done = cli(*command, "/dev/zero")
     assert done.returncode == 2 and done.stderr == "ng-otel: /dev/zero: a device, not a file of rows\n", done.stderr

@@ -52,7 +52,9 @@ def test_replay_has_the_live_chains_shape_and_links_to_the_live_spans():
     with capture_failures() as telemetry:
         summary = replay_rows(rows, include_live=True)  # a backend that did not see the live run
     assert (summary.rows, summary.with_failures, summary.events_recorded) == (4, 2, 4)
-    assert summary.skipped == [(3, "invalid failure report: events: Input should be a valid dictionary")]
+    assert [(line.line, line.reason) for _, line in summary.skipped.listed] == [
+        (3, "invalid failure report: events: Input should be a valid dictionary")
+    ]
     spans = {tuple(e["attributes"]["ng.failure.id"] for e in span["events"]): span for span in telemetry.spans()}
     assert set(spans) == {(cause.event_id,), (top.event_id,), (offline.__cause__.event_id, offline.event_id)}
     assert {span["name"] for span in spans.values()} == {"ng.replay"}

@@ -13,8 +13,8 @@ import pytest
 
 from ng_otel.cli import main
 from ng_otel.cli.report import CHART_IDS, charts_of, render_page
-from ng_otel.cli.summary import Summary
 from ng_otel.otel import names
+from ng_otel.runs.summary import Summary
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("_mixed_rows", ROOT / "bench" / "_mixed_rows.py")

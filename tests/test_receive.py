@@ -40,10 +40,10 @@ from ng_otel.cli.receiver import (
     Limits,
     OtlpReceiver,
 )
-from ng_otel.cli.show import FailureGroup
 from ng_otel.contract import NgFailureEvent, failure_report_for
 from ng_otel.gym.collection import report_row
 from ng_otel.otel import names
+from ng_otel.runs.chains import FailureGroup
 
 TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MiB = 1024 * 1024

@@ -10,11 +10,16 @@ import pytest
 
 from ng_otel import NgFailureEvent, failure_report_for
 from ng_otel.cli.replay import OTLP_NOT_REPLAYED
-from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES, UNDECIDED_NOT_AN_OBJECT
 from ng_otel.contract.records import ROW_EVENTS
-from ng_otel.contract.rows import MAX_ROW_BYTES
-from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row, replay_rows, report_row
+from ng_otel.gym.collection import ReplaySummary, replay_row, replay_rows, report_row
 from ng_otel.otel import names
+from ng_otel.runs.inputs import (
+    MAX_LISTED_SKIPPED,
+    MAX_ROW_BYTES,
+    OTLP_LINE_AMONG_ROWS,
+    ROW_AMONG_OTLP_LINES,
+    UNDECIDED_NOT_AN_OBJECT,
+)
 from ng_otel.testing import capture_failures
 
 
@@ -33,13 +38,13 @@ def test_replayed_events_are_exported_and_added_to_ng_failures_only_when_asked(c
     assert telemetry.count() == (4 if count else 0)
 
 
-@pytest.mark.parametrize("bad_rows", [MAX_KEPT_SKIPS, MAX_KEPT_SKIPS + 1])
+@pytest.mark.parametrize("bad_rows", [MAX_LISTED_SKIPPED, MAX_LISTED_SKIPPED + 1])
 def test_skipped_rows_are_all_counted_and_the_first_are_kept_with_their_reason(bad_rows):
     summary = ReplaySummary()
     for line in range(1, bad_rows + 1):
         replay_row({"_ng_failure_events": 5}, line, summary)
     assert summary.skipped_rows == bad_rows
-    assert [line for line, _ in summary.skipped] == list(range(1, MAX_KEPT_SKIPS + 1))
+    assert [skipped.line for _, skipped in summary.skipped.listed] == list(range(1, MAX_LISTED_SKIPPED + 1))
 
 
 def test_replaying_many_bad_rows_keeps_memory_flat():

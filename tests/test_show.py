@@ -165,7 +165,7 @@ def saved_row(event_id: str) -> str:
 
 
 def test_the_first_decoded_line_decides_the_format_and_lines_of_the_other_are_skipped(tmp_path):
-    from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES
+    from ng_otel.runs.inputs import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES
 
     otlp_after_junk = write_lines(
         tmp_path / "telemetry.jsonl",
@@ -209,13 +209,13 @@ def test_file_names_print_literally_with_control_characters_replaced(tmp_path, n
 
 
 def test_the_progress_bar_prints_a_file_name_literally(tmp_path, monkeypatch):
-    from ng_otel.cli import show
-    from ng_otel.cli.summary import summarise
+    from ng_otel.cli import _progress
+    from ng_otel.cli.summary import summarise_files
 
     path = write_lines(tmp_path / "esc\x1b[31m[red]RED.jsonl", saved_row("r1"))
-    monkeypatch.setattr(show, "PROGRESS_AFTER", 0.0)  # the bar at once: summary keeps its bar
+    monkeypatch.setattr(_progress, "PROGRESS_AFTER", 0.0)  # the bar at once: summary keeps its bar
     terminal = io.StringIO()
-    summarise([path], Console(file=terminal, force_terminal=True, width=200))
+    summarise_files([path], Console(file=terminal, force_terminal=True, width=200))
     assert "summarising esc\N{REPLACEMENT CHARACTER}[31m[red]RED.jsonl" in terminal.getvalue()
 
 
@@ -223,12 +223,12 @@ def test_the_progress_bar_prints_a_file_name_literally(tmp_path, monkeypatch):
 
 
 def test_show_on_a_terminal_starts_no_progress_bar(tmp_path, monkeypatch):
-    from ng_otel.cli import show
+    from ng_otel.cli import _progress
 
     path = write_lines(tmp_path / "rows.jsonl", *(saved_row(f"r{index}") for index in range(50)))
     # The bar would show at once: show prints trees while it reads, and a live bar redraws
     # itself at each of them (28 s instead of 1 s on 50,000 rows).
-    monkeypatch.setattr(show, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr(_progress, "PROGRESS_AFTER", 0.0)
     shown = show_output(path, terminal=True)
     assert "reading rows.jsonl" not in shown and "0:00:00" not in shown
     assert "agent_run_error" in shown and "50 failure chain group(s) shown" in shown

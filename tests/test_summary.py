@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from ng_otel.contract.report import FailureReport
-from ng_otel.contract.rows import SkippedLine, read_json_lines
 from ng_otel.otel.recorder import FailureRecorder
+from ng_otel.runs.inputs import SkippedLine, read_json_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("_mixed_rows", ROOT / "bench" / "_mixed_rows.py")
@@ -328,25 +328,25 @@ def test_rows_as_collection_writes_them_take_the_fast_reading():
 def test_a_long_read_shows_a_progress_bar_on_a_terminal_and_nothing_on_a_pipe(tmp_path, monkeypatch):
     from rich.console import Console
 
-    from ng_otel.cli import show
-    from ng_otel.cli.summary import summarise
+    from ng_otel.cli import _progress
+    from ng_otel.cli.summary import summarise_files as summarise
 
     path = tmp_path / "rows.jsonl"
     expected = mixed_rows.write_mixed_rows(path, 3_000)  # ~3 MiB: the bar moves on each MiB read
-    monkeypatch.setattr(show, "PROGRESS_AFTER", 0.0)  # the time itself is under test: "over a second" is now
+    monkeypatch.setattr(_progress, "PROGRESS_AFTER", 0.0)  # the time itself is under test: "over a second" is now
     terminal, pipe = io.StringIO(), io.StringIO()
     assert summarise([path], Console(file=terminal, force_terminal=True, width=100)).to_json() == expected
     assert summarise([path], Console(file=pipe, force_terminal=False, width=100)).to_json() == expected
     assert "summarising rows.jsonl" in terminal.getvalue() and "%" in terminal.getvalue()
     assert pipe.getvalue() == ""
-    monkeypatch.setattr(show, "PROGRESS_AFTER", 3600.0)  # a read shorter than the wait: no bar
+    monkeypatch.setattr(_progress, "PROGRESS_AFTER", 3600.0)  # a read shorter than the wait: no bar
     quick = io.StringIO()
     summarise([path], Console(file=quick, force_terminal=True, width=100))
     assert quick.getvalue() == ""
 
 
 def test_endless_distinct_kinds_fold_into_other_and_every_count_is_kept(tmp_path, monkeypatch):
-    from ng_otel.cli import summary
+    from ng_otel.runs import summary
 
     monkeypatch.setattr(summary, "MAX_DISTINCT", 10)  # each figure's bound, small enough to pass
     path = tmp_path / "rows.jsonl"
@@ -393,7 +393,7 @@ def _otlp_span_line(trace_id, *events):
 
 
 def test_otlp_causes_that_loop_are_one_failed_row_a_loop_never_none(tmp_path):
-    from ng_otel.cli.summary import summarise
+    from ng_otel.runs.summary import summarise
 
     path = tmp_path / "loops.jsonl"
     lines = [
@@ -411,8 +411,9 @@ def test_otlp_causes_that_loop_are_one_failed_row_a_loop_never_none(tmp_path):
 
 
 def test_log_records_outside_spans_count_their_traces_as_rows_in_summary_and_show(tmp_path):
-    from ng_otel.cli.show import groups_from_lines, scan_file
-    from ng_otel.cli.summary import summarise
+    from ng_otel.runs.chains import groups_from_lines
+    from ng_otel.runs.inputs import file_lines as scan_file
+    from ng_otel.runs.summary import summarise
 
     logs = [
         {"eventName": "ng.failure", "traceId": trace_id, "attributes": _failure_attributes(f"e{index}", "judge_failed")}
@@ -439,7 +440,7 @@ def test_the_demos_rows_and_its_telemetry_agree_on_what_was_masked(tmp_path, ng_
 
 
 def test_a_file_named_twice_is_summarised_once(tmp_path):
-    from ng_otel.cli.summary import summarise
+    from ng_otel.runs.summary import summarise
 
     path = tmp_path / "rows.jsonl"
     expected = mixed_rows.write_mixed_rows(path, 40)
@@ -448,8 +449,8 @@ def test_a_file_named_twice_is_summarised_once(tmp_path):
 
 
 def test_the_first_json_line_decides_the_format_and_a_line_of_the_other_is_skipped(tmp_path):
-    from ng_otel.cli.show import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES
-    from ng_otel.cli.summary import summarise
+    from ng_otel.runs.inputs import OTLP_LINE_AMONG_ROWS, ROW_AMONG_OTLP_LINES
+    from ng_otel.runs.summary import summarise
 
     otlp_line = _otlp_span_line("t1", ("e1", "transport_timeout"))
     row_line = orjson.dumps({"_ng_failure_class": "agent_run_error"})
@@ -466,8 +467,10 @@ def test_the_first_json_line_decides_the_format_and_a_line_of_the_other_is_skipp
 
 
 def test_an_otlp_event_with_a_kind_boundary_or_id_no_row_could_hold_is_skipped_by_summary_and_show(tmp_path):
-    from ng_otel.cli.show import INVALID_OTLP_EVENT, groups_from_lines, scan_file
-    from ng_otel.cli.summary import summarise
+    from ng_otel.runs.chains import groups_from_lines
+    from ng_otel.runs.inputs import file_lines as scan_file
+    from ng_otel.runs.otlp import INVALID_OTLP_EVENT
+    from ng_otel.runs.summary import summarise
 
     path = tmp_path / "odd.jsonl"
     events = [
@@ -488,8 +491,10 @@ def test_an_otlp_event_with_a_kind_boundary_or_id_no_row_could_hold_is_skipped_b
 
 
 def test_an_odd_first_line_decides_nothing_and_odd_times_and_trace_ids_are_none(tmp_path):
-    from ng_otel.cli.show import UNDECIDED_NOT_AN_OBJECT, groups_from_lines, scan_file
-    from ng_otel.cli.summary import summarise
+    from ng_otel.runs.chains import groups_from_lines
+    from ng_otel.runs.inputs import UNDECIDED_NOT_AN_OBJECT
+    from ng_otel.runs.inputs import file_lines as scan_file
+    from ng_otel.runs.summary import summarise
 
     spans = [
         {"traceId": None, "events": [{"name": "ng.failure", "timeUnixNano": float("inf"),
@@ -535,7 +540,7 @@ def test_main_leaves_the_kind_warnings_as_it_found_them(tmp_path, caplog):
 def test_a_gzip_compressed_file_is_named_as_such(tmp_path):
     import gzip
 
-    from ng_otel.cli.summary import summarise
+    from ng_otel.runs.summary import summarise
 
     path = tmp_path / "rows.jsonl.gz"
     path.write_bytes(gzip.compress(b"".join(orjson.dumps({"row": n}) + b"\n" for n in range(100))))

@@ -38,8 +38,9 @@ def run_demo(out: Path, console: Console) -> int:
         return 2
     from ng_otel.cli.demo_stack.stack import gym_stack, run_collection
     from ng_otel.cli.receiver import OtlpReceiver
-    from ng_otel.cli.show import groups_from_rows, show_groups
-    from ng_otel.contract.rows import read_json_lines
+    from ng_otel.cli.show import show_groups
+    from ng_otel.runs.chains import groups_from_lines
+    from ng_otel.runs.inputs import read_json_lines
 
     started = time.monotonic()
     out = out.resolve()
@@ -72,7 +73,7 @@ def run_demo(out: Path, console: Console) -> int:
 
     console.rule("failure chains, one tree per rollout (effect first, each child its cause)")
     with rows_path.open("rb") as stream:
-        show_groups(groups_from_rows(read_json_lines(stream)), console)
+        show_groups(groups_from_lines(read_json_lines(stream)), console)
     console.rule("saved rollout rows")
     console.print(_rows_table(rows_path))
     console.print(f"rows: {rows_path}    telemetry: {where}" + (f" ({lines} OTLP JSON lines)" if receiver else ""))
@@ -104,3 +105,7 @@ def _rows_table(rows_path: Path) -> Table:
             "yes" if row.get("_ng_failure_events_omitted") else "",
         )
     return table
+
+
+def demo_command(args: Any, console: Console) -> int:
+    return run_demo(args.out, console)

@@ -191,3 +191,7 @@ def run_doctor(console: Console) -> int:
         return 1
     console.print("verdict: " + ("ok, with the problems above" if found.problems else "ok"))
     return 0
+
+
+def doctor_command(args: Any, console: Console) -> int:
+    return run_doctor(console)

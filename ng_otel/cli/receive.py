@@ -23,8 +23,10 @@ from typing import IO, Any, Final
 from rich.console import Console
 from rich.markup import escape
 
+from ng_otel.cli._text import clean
 from ng_otel.cli.receiver import OtlpReceiver, otlp_json
-from ng_otel.cli.show import SHORT_ID, FailureGroup, clean, groups_from_otlp, render
+from ng_otel.cli.show import SHORT_ID, render
+from ng_otel.runs.chains import FailureGroup, groups_from_otlp
 
 MAX_REMEMBERED_EVENTS: Final = 10_000  # recent events kept to name the causes of later ones
 # Failure events waiting to be printed: a terminal slower than the exports drops the rest (and
@@ -105,7 +107,7 @@ class ReceiveSink:
         if not data:
             return  # an empty export request: nothing to keep
         line = json.dumps(data, separators=(",", ":")) + "\n"
-        groups = [g for g in groups_from_otlp([(0, data)]) if isinstance(g, FailureGroup)]
+        groups = [g for g in groups_from_otlp([(0, data, True)]) if isinstance(g, FailureGroup)]
         del data
         events = sum(len(group.events) for group in groups)
         with self.lock:
@@ -237,3 +239,7 @@ def _closing(sink: ReceiveSink, out: Path | None) -> str:
     return (
         f"received {sum(sink.requests.values())} requests ({counts}), {sink.failures} failure events{unprinted}{saved}"
     )
+
+
+def receive_command(args: Any, console: Console) -> int:
+    return run_receive(args.host, args.grpc_port, args.http_port, args.out, console)

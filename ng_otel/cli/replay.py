@@ -19,11 +19,12 @@ from typing import Any, Final
 from opentelemetry import trace
 from rich.console import Console
 
+from ng_otel.cli._exit import EXIT_FAILED, EXIT_OK
 from ng_otel.otel import names
 from ng_otel.otel.export import LossCountingSpanExporter
+from ng_otel.runs.inputs import SkippedLine, file_lines, formatted_lines, open_rows
 
 REPLAY_FLUSH_SECONDS: Final = 30.0  # the final flush: what is not exported by then failed
-EXIT_OK, EXIT_FAILED = 0, 1
 
 
 class ExportTally:
@@ -61,9 +62,9 @@ def replay_file(
 ) -> int:
     """Stream the rows through the configured exporters; memory stays flat on any size. The
     final flush takes at most ``flush_seconds`` (default ``REPLAY_FLUSH_SECONDS``)."""
-    from ng_otel.cli.show import FileFormat, open_rows, printable, scan_file
-    from ng_otel.contract.rows import SkippedLine
-    from ng_otel.gym.collection import MAX_KEPT_SKIPS, ReplaySummary, replay_row
+    from ng_otel.cli._progress import progress_bar
+    from ng_otel.cli._text import printable
+    from ng_otel.gym.collection import ReplaySummary, replay_row
     from ng_otel.otel.providers import enable, shutdown, span_exporters
 
     flush_seconds = REPLAY_FLUSH_SECONDS if flush_seconds is None else flush_seconds
@@ -75,17 +76,16 @@ def replay_file(
     summary = ReplaySummary()
     pace = _Pace(tally)
     lines = 0
-    file_format = FileFormat()  # the first JSON object decides, as in show, summary and kinds
     unlinked_rows, first_unlinked = 0, (0, "")  # rows replayed without their unusable contexts
     try:
-        for number, value in scan_file(path, console, "replaying"):
+        for item in formatted_lines(file_lines(path, progress_bar(console, "replaying", path.name))):
             lines += 1
-            if isinstance(value, SkippedLine):
-                summary.skip(number, value.reason)
+            if isinstance(item, SkippedLine):
+                summary.skip(item.line, item.reason)
                 continue
-            misfit = file_format.misfit(value)
-            if misfit is not None or file_format.otlp:  # an OTLP file holds no row to replay
-                summary.skip(number, misfit or OTLP_NOT_REPLAYED)
+            number, value, otlp = item
+            if otlp:  # an OTLP file holds no row to replay
+                summary.skip(number, OTLP_NOT_REPLAYED)
                 continue
             row, contexts_problem = _without_unusable_contexts(value)
             with_failures = summary.with_failures
@@ -100,10 +100,10 @@ def replay_file(
     exported, failed_by_exporter = tally.totals()
     not_exported = max(summary.events_recorded - exported, 0)
 
-    for line, reason in summary.skipped:
-        console.print(f"[red]line {line}: skipped: {printable(reason, 200)}[/red]")
-    if summary.skipped_rows > MAX_KEPT_SKIPS:
-        console.print(f"[red]... and {summary.skipped_rows - MAX_KEPT_SKIPS} more skipped line(s)[/red]")
+    for _, skipped in summary.skipped.listed:
+        console.print(f"[red]line {skipped.line}: skipped: {printable(skipped.reason, 200)}[/red]")
+    if summary.skipped.unlisted:
+        console.print(f"[red]... and {summary.skipped.unlisted} more skipped line(s)[/red]")
     if unlinked_rows:
         line, reason = first_unlinked
         console.print(
@@ -203,3 +203,7 @@ def _within(seconds: float, work: Callable[[], Any]) -> bool:
 
     threading.Thread(target=run, name="ng-otel-replay-flush", daemon=True).start()
     return done.wait(seconds)
+
+
+def replay_command(args: Any, console: Console) -> int:
+    return replay_file(args.file, console, count=args.count, include_live=args.include_live, flush_seconds=args.timeout)

@@ -19,9 +19,11 @@ from typing import Any, Final
 import orjson
 from rich.console import Console
 
-from ng_otel.cli.show import printable
-from ng_otel.cli.summary import NO_STAGE, Chain, Summary
+from ng_otel.cli._exit import usage_error
+from ng_otel.cli._text import printable
+from ng_otel.cli.summary import summarise_files
 from ng_otel.otel import names
+from ng_otel.runs.summary import NO_STAGE, Chain, Summary
 
 TOP_CHAINS: Final = 10
 MAX_BARS: Final = 40  # kinds on one axis; the rest are summed as `_other`
@@ -36,9 +38,15 @@ def plotly_js() -> str | None:
         return None
 
 
-def write_report(summary: Summary, output: Path, console: Console) -> int:
-    from ng_otel.cli import usage_error
+def report_command(args: Any, console: Console) -> int:
+    """``ng-otel report``: the summary of ``args.files`` written to ``args.output``."""
+    problem = report_problem(args.output, args.files)
+    if problem is not None:
+        return usage_error(problem)
+    return write_report(summarise_files(args.files, console), args.output, console)
 
+
+def write_report(summary: Summary, output: Path, console: Console) -> int:
     script = plotly_js()
     if script is None:
         return usage_error(_no_plotly_message())

@@ -1,455 +1,22 @@
-"""Failure chains read from saved rollout rows or OTLP JSON lines, drawn as trees.
-
-Rows stream: one tree per row, memory flat on any file. OTLP JSON lines are grouped by trace
-(a trace's spans come in many lines), and traces joined by a cause link are one tree.
-"""
+"""``ng-otel show``: failure chains (``ng_otel.runs.chains``) drawn as trees."""
 
 from __future__ import annotations
 
-import errno
 import itertools
-import os
-import stat
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ng_otel.contract.events import BOUNDARIES, EVENT_ID_RE
-from ng_otel.contract.kinds import is_well_formed
-from ng_otel.contract.report import FailureReport
-from ng_otel.contract.rows import (
-    ROW_ROLLOUT_INDEX,
-    ROW_TASK_INDEX,
-    SkippedLine,
-    read_json_lines,
-    read_row,
-    row_terminal,
-)
-from ng_otel.otel import names
+from ng_otel.cli._text import MAX_SHOWN_PATH, clean
+from ng_otel.runs.chains import FailureGroup, groups_from_lines
+from ng_otel.runs.inputs import MAX_LISTED_SKIPPED, SkippedLine, file_lines
 
-MAX_SHOWN_REASON: Final = 160  # a tree line is for a glance; the full reason is in the trace
 SHORT_ID: Final = 12
 MAX_NESTED_DEPTH: Final = 32  # levels a chain nests; its deeper causes are drawn flat, so output is linear
-MAX_SHOWN_PATH: Final = 4096  # PATH_MAX: a file's name is printed whole
-MAX_LISTED_BAD: Final = 50  # skipped lines listed at the end; the rest are counted
-PROGRESS_AFTER: Final = 1.0  # seconds: a read shorter than this shows no progress bar
-
-
-@dataclass
-class FailureGroup:
-    """The failures of one rollout row or one trace (or traces a cause link joins)."""
-
-    title: str
-    events: dict[str, dict[str, Any]]
-    failure_id: str | None = None
-    omitted: bool = False
-    recovered: set[str] = field(default_factory=set)
-    services: dict[str, str] = field(default_factory=dict)
-
-    def matches(self, kind: str | None, boundary: str | None) -> bool:
-        return any(
-            (kind is None or record["failure_kind"] == kind) and (boundary is None or record["boundary"] == boundary)
-            for record in self.events.values()
-        )
-
-    def roots(self) -> list[str]:
-        """Effects that nothing here names as its cause, the reply's own failure first."""
-        causes = {record.get("cause_id") for record in self.events.values()}
-        tops = [event_id for event_id in self.events if event_id not in causes]
-        return sorted(tops, key=lambda event_id: (event_id != self.failure_id, event_id in self.recovered))
-
-
-# -- reading ---------------------------------------------------------------------------------
-
-
-def scan_file(path: Path, console: Console | None = None, description: str = "reading") -> Iterator[tuple[int, Any]]:
-    """(line number, decoded JSON value or ``SkippedLine``) for each non-blank line of ``path``,
-    lines bounded (``read_json_lines``); with a ``console`` on a terminal, a progress bar once
-    the read has taken a second. Without one, no bar: ``show`` prints trees as it reads, and a
-    live bar would redraw itself at each of them."""
-    with open_rows(path) as stream:
-        try:
-            size = path.stat().st_size
-        except OSError:
-            size = 0
-        progress = _LazyProgress(console, f"{description} {clean(path.name, MAX_SHOWN_PATH)}", size or None, stream)
-        try:
-            # The bar moves as chunks are read, so a line costs nothing more than its reading.
-            yield from read_json_lines(progress if progress.shown_on_terminal else stream)
-        finally:
-            progress.close()
-
-
-def open_rows(path: Path) -> IO[bytes]:
-    """``path`` opened to read rows or OTLP JSON lines. A device (``/dev/zero``,
-    ``/dev/urandom``) is refused with an ``OSError`` naming it: it never ends, and holds no
-    line to read; a pipe or a regular file is read."""
-    stream = path.open("rb")
-    try:
-        mode = os.fstat(stream.fileno()).st_mode
-        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-            raise OSError(errno.ENODEV, "a device, not a file of rows", str(path))
-    except BaseException:
-        stream.close()
-        raise
-    return stream
-
-
-class _LazyProgress:
-    """A transient progress bar that appears only on a terminal and only after a second: a
-    binary stream whose every read moves it."""
-
-    def __init__(self, console: Console | None, description: str, total: int | None, stream: IO[bytes]) -> None:
-        self._console = console if console is not None and console.is_terminal else None
-        self._description, self._total = description, total
-        self._stream = stream
-        self._show_at = time.monotonic() + PROGRESS_AFTER
-        self._progress: Progress | None = None
-        self._task: TaskID | None = None
-
-    @property
-    def shown_on_terminal(self) -> bool:
-        return self._console is not None
-
-    def read(self, size: int = -1) -> bytes:
-        chunk = self._stream.read(size)
-        self._tick()
-        return chunk
-
-    def _tick(self) -> None:
-        if self._console is None:
-            return
-        if self._progress is None:
-            if time.monotonic() < self._show_at:
-                return
-            self._progress = Progress(
-                TextColumn("{task.description}", markup=False),  # it holds a file's name
-                BarColumn(),
-                TextColumn("{task.percentage:>3.0f}%"),
-                TimeElapsedColumn(),
-                console=self._console,
-                transient=True,
-            )
-            self._progress.start()
-            self._task = self._progress.add_task(self._description, total=self._total)
-        try:
-            position = self._stream.tell()
-        except OSError:  # a pipe
-            return
-        assert self._task is not None
-        self._progress.update(self._task, completed=position)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-
-NO_TRACE_IDS: Final = frozenset({"", "?", "0" * 32})
-"""OTLP JSON's ways of saying "no trace" (a log record outside any span): each such event is a
-row, and a tree, of its own."""
-UNDECIDED_NOT_AN_OBJECT: Final = "not a JSON object: a row and an OTLP JSON line are objects"
-"""Why a line before a file's first JSON object (which decides rows or OTLP) is skipped."""
-INVALID_OTLP_EVENT: Final = "an ng.failure event without a valid id, kind or boundary"
-OTLP_LINE_AMONG_ROWS: Final = "an OTLP JSON line in a file of rows (its first JSON object decides)"
-ROW_AMONG_OTLP_LINES: Final = "not an OTLP JSON line in a file of OTLP JSON lines (its first JSON object decides)"
-
-
-def is_otlp(value: Any) -> bool:
-    """An OTLP JSON line: an object with ``resourceSpans``, ``resourceMetrics`` or ``resourceLogs``."""
-    return isinstance(value, dict) and (
-        "resourceSpans" in value or "resourceMetrics" in value or "resourceLogs" in value
-    )
-
-
-class FileFormat:
-    """Rows or OTLP JSON lines, as a file's first JSON object says; one per file read."""
-
-    def __init__(self) -> None:
-        self.otlp: bool | None = None  # undecided until the first JSON object
-
-    def misfit(self, value: Any) -> str | None:
-        """Why a decoded line is skipped for its format (before the first object: not being
-        one; after it: being of the other format), or ``None`` when it belongs."""
-        if self.otlp is None:
-            if not isinstance(value, dict):
-                return UNDECIDED_NOT_AN_OBJECT
-            self.otlp = is_otlp(value)
-        elif is_otlp(value) != self.otlp:
-            return ROW_AMONG_OTLP_LINES if self.otlp else OTLP_LINE_AMONG_ROWS
-        return None
-
-
-def groups_from_lines(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | SkippedLine]:
-    """Rows or OTLP JSON lines, as the first JSON object says (the lines before it decide
-    nothing, as in ``ng-otel summary``); a line of the other format is a skipped line."""
-    lines = iter(lines)
-    for number, value in lines:
-        if isinstance(value, SkippedLine):
-            yield value
-            continue
-        if not isinstance(value, dict):
-            yield SkippedLine(number, UNDECIDED_NOT_AN_OBJECT)
-            continue
-        rest = itertools.chain([(number, value)], lines)
-        yield from groups_from_otlp(rest) if is_otlp(value) else groups_from_rows(rest)
-        return
-
-
-# -- rows ------------------------------------------------------------------------------------
-
-
-def groups_from_rows(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | SkippedLine]:
-    for number, row in lines:
-        if isinstance(row, SkippedLine):
-            yield row
-            continue
-        if is_otlp(row):
-            yield SkippedLine(number, OTLP_LINE_AMONG_ROWS)
-            continue
-        try:
-            report = read_row(row)
-        except ValueError as error:
-            yield SkippedLine(number, str(error))
-            continue
-        if report is None or (not report.events and not report.omitted):
-            continue
-        yield _group_of(_row_title(number, row), report)
-
-
-def _row_title(number: int, row: Mapping[str, Any]) -> str:
-    parts = [f"line {number}"]
-    for key, label in _TITLE_KEYS:
-        value = row.get(key)
-        if isinstance(value, (str, int)) and not isinstance(value, bool):
-            parts.append(f"{label} {value}")
-    if row_terminal(row):
-        parts.append("terminal")
-    return " · ".join(parts)
-
-
-_TITLE_KEYS = (
-    ("scenario", "scenario"),
-    ("task_id", "task_id"),
-    (ROW_TASK_INDEX, "task"),
-    (ROW_ROLLOUT_INDEX, "rollout"),
-    ("episode_id", "episode_id"),
-    ("status", "status"),
-    ("trace_id", "trace_id"),
-)
-
-
-def _group_of(title: str, report: FailureReport) -> FailureGroup:
-    return FailureGroup(
-        title=title,
-        events=report.events,  # type: ignore[arg-type]  # read only here
-        failure_id=report.failure_id,
-        omitted=report.omitted,
-        recovered=set(report.recovered_ids()) if len(report.events) > 1 or report.failure_id is None else set(),
-    )
-
-
-# -- OTLP JSON lines -------------------------------------------------------------------------
-
-
-OtlpFailure = tuple[str, dict[str, Any], int]  # trace id, the event's attributes, unix nanoseconds or 0
-
-
-def otlp_line_failures(
-    number: int, data: Mapping[str, Any], traces: set[str]
-) -> tuple[list[OtlpFailure], SkippedLine | None]:
-    """The ``ng.failure`` events of one OTLP JSON line that a row could hold too, and the line
-    as one ``SkippedLine`` when any event could not be read (once, however many)."""
-    failures: list[OtlpFailure] = []
-    invalid = False
-    for trace_id, attributes, unix_nanos in otlp_failure_events(data, traces):
-        if attributes is None:
-            invalid = True
-        else:
-            failures.append((trace_id, attributes, unix_nanos))
-    return failures, SkippedLine(number, INVALID_OTLP_EVENT) if invalid else None
-
-
-def otlp_failure_events(data: Mapping[str, Any], traces: set[str]) -> Iterator[tuple[str, dict[str, Any] | None, int]]:
-    """(trace id, the event's attributes or ``None`` when it lacks its id, kind or boundary,
-    time in unix nanoseconds or 0) for each ``ng.failure`` span event and log record of one
-    OTLP JSON line; each span's trace id is added to ``traces``. Tolerant of any shape."""
-    for resource_spans in _list(data.get("resourceSpans")):
-        service = _attributes(_dict(_dict(resource_spans).get("resource")).get("attributes")).get("service.name", "?")
-        for scope_spans in _list(_dict(resource_spans).get("scopeSpans")):
-            for span in _list(_dict(scope_spans).get("spans")):
-                span = _dict(span)
-                trace_id = _trace_id(span)
-                traces.add(trace_id)
-                for event in _list(span.get("events")):
-                    event = _dict(event)
-                    if event.get("name") == names.EVENT:
-                        yield trace_id, _failure_attributes(event.get("attributes"), service), _time(event)
-    for resource_logs in _list(data.get("resourceLogs")):
-        service = _attributes(_dict(_dict(resource_logs).get("resource")).get("attributes")).get("service.name", "?")
-        for scope_logs in _list(_dict(resource_logs).get("scopeLogs")):
-            for log in _list(_dict(scope_logs).get("logRecords")):
-                log = _dict(log)
-                if log.get("eventName") == names.EVENT:
-                    yield _trace_id(log), _failure_attributes(log.get("attributes"), service), _time(log)
-
-
-def _failure_attributes(items: Any, service: Any) -> dict[str, Any] | None:
-    """The event's attributes, or ``None`` when its id, kind or boundary is not one a row could
-    hold either (so an OTLP line and a row are held to the same names)."""
-    attributes = _attributes(items)
-    event_id, kind, boundary = (attributes.get(key) for key in (names.ID, names.KIND, names.BOUNDARY))
-    if not (
-        isinstance(event_id, str)
-        and EVENT_ID_RE.fullmatch(event_id)
-        and is_well_formed(kind)
-        and boundary in BOUNDARIES
-    ):
-        return None
-    attributes["service.name"] = service
-    return attributes
-
-
-def _time(item: Mapping[str, Any]) -> int:
-    try:
-        return int(item.get("timeUnixNano", 0))
-    except (TypeError, ValueError, OverflowError):  # not a number, NaN, Infinity: no time
-        return 0
-
-
-def _trace_id(item: Mapping[str, Any]) -> str:
-    """The item's trace id; "" (no trace) for one that is missing or not a string."""
-    trace_id = item.get("traceId")
-    return trace_id if isinstance(trace_id, str) else ""
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _dict(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _attributes(items: Any) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for item in _list(items):
-        value = _dict(_dict(item).get("value"))
-        for kind in ("stringValue", "boolValue", "intValue", "doubleValue"):
-            if kind in value:
-                raw = value[kind]
-                if kind == "intValue":
-                    try:
-                        raw = int(raw) if isinstance(raw, (int, str)) and len(str(raw)) < 20 else None
-                    except ValueError:
-                        raw = None
-                if raw is not None:
-                    values[str(_dict(item).get("key", ""))] = raw
-    return values
-
-
-def groups_from_otlp(lines: Iterable[tuple[int, Any]]) -> Iterator[FailureGroup | SkippedLine]:
-    """One group per trace, from the ``ng.failure`` events of OTLP JSON lines; traces that a
-    cause link joins (a cause recorded in another trace) are one group, so one tree."""
-    traces: dict[str, FailureGroup] = {}
-    where: dict[str, str] = {}  # event id -> trace id
-    seen: set[str] = set()
-    for number, data in lines:
-        if isinstance(data, SkippedLine):
-            yield data
-            continue
-        if not is_otlp(data):
-            yield SkippedLine(number, ROW_AMONG_OTLP_LINES)
-            continue
-        failures, skipped = otlp_line_failures(number, data, seen)
-        if skipped is not None:
-            yield skipped
-        for trace_id, attributes, _ in failures:
-            record = _record_of(attributes)
-            event_id = record["event_id"]
-            if trace_id in NO_TRACE_IDS:
-                trace_id = f"(none: event {event_id})"  # a key no hex trace id can be
-            group = traces.setdefault(trace_id, FailureGroup(title=f"trace {trace_id}", events={}))
-            group.events[event_id] = record
-            where.setdefault(event_id, trace_id)
-            group.services[event_id] = str(attributes["service.name"])
-            if record.pop("recovered", False):
-                group.recovered.add(event_id)
-    yield from _joined(traces, where)
-
-
-def _joined(traces: dict[str, FailureGroup], where: Mapping[str, str]) -> Iterator[FailureGroup]:
-    parent = {trace_id: trace_id for trace_id in traces}
-
-    def find(trace_id: str) -> str:
-        while parent[trace_id] != trace_id:
-            parent[trace_id] = parent[parent[trace_id]]
-            trace_id = parent[trace_id]
-        return trace_id
-
-    for trace_id, group in traces.items():
-        for record in group.events.values():
-            cause_trace = where.get(record.get("cause_id") or "")
-            if cause_trace is not None and cause_trace != trace_id:
-                parent[find(trace_id)] = find(cause_trace)
-    members: dict[str, list[str]] = {}
-    for trace_id in traces:
-        members.setdefault(find(trace_id), []).append(trace_id)
-    for trace_ids in members.values():
-        if len(trace_ids) == 1:
-            group = traces[trace_ids[0]]
-        else:
-            group = FailureGroup(title="traces " + " + ".join(trace_ids), events={})
-            for trace_id in trace_ids:
-                group.events.update(traces[trace_id].events)
-                group.services.update(traces[trace_id].services)
-                group.recovered |= traces[trace_id].recovered
-        if group.events:
-            yield group
-
-
-def _record_of(attributes: Mapping[str, Any]) -> dict[str, Any]:
-    record = {
-        "event_id": str(attributes[names.ID]),
-        "boundary": str(attributes[names.BOUNDARY]),
-        "failure_kind": str(attributes[names.KIND]),
-        "failure_reason": str(attributes.get(names.REASON, "")),
-        "recovered": attributes.get(names.RECOVERED) is True,
-    }
-    for key, name in (("stage", names.STAGE), ("http_status", names.HTTP_STATUS)):
-        if name in attributes:
-            record[key] = attributes[name]
-    # A cause id is a dict key and a set member from here on: one that is not a string is no cause.
-    if isinstance(attributes.get(names.CAUSE_ID), str):
-        record["cause_id"] = attributes[names.CAUSE_ID]
-    if isinstance(attributes.get(names.FOREIGN_TYPE), str):
-        record["foreign_error"] = {"type": attributes[names.FOREIGN_TYPE]}
-    return record
-
-
-# -- drawing ---------------------------------------------------------------------------------
-
-
-def printable(text: str, limit: int = MAX_SHOWN_REASON) -> str:
-    """Safe for a terminal and for rich markup: no control characters (no escape sequences),
-    markup escaped."""
-    return escape(clean(text, limit))
-
-
-def clean(text: str, limit: int = MAX_SHOWN_REASON) -> str:
-    """Safe for a terminal: no control characters, at most ``limit`` characters."""
-    text = text[: limit + 1]
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else "\N{REPLACEMENT CHARACTER}" for c in text)
-    if len(text) > limit:
-        text = text[: limit - 1] + "\N{HORIZONTAL ELLIPSIS}"
-    return text
 
 
 Line = list[tuple[str, str]]  # (text, rich style) segments
@@ -601,7 +168,7 @@ _STYLED: Final = "\ue000"  # a private-use character: the text whose escape code
 class ShowResult:
     shown: int = 0
     more: bool = False  # stopped at --limit with more left unread
-    bad: list[SkippedLine] = field(default_factory=list)  # the first MAX_LISTED_BAD
+    bad: list[SkippedLine] = field(default_factory=list)  # the first MAX_LISTED_SKIPPED
     bad_count: int = 0
 
 
@@ -620,7 +187,7 @@ def show_groups(
         for group in groups:
             if isinstance(group, SkippedLine):
                 result.bad_count += 1
-                if len(result.bad) < MAX_LISTED_BAD:
+                if len(result.bad) < MAX_LISTED_SKIPPED:
                     result.bad.append(group)
                 continue
             if (kind is None and boundary is None) or group.matches(kind, boundary):
@@ -646,7 +213,7 @@ def show_paths(
     """``ng-otel show``: each file's chains, then a closing line and its skipped lines."""
     for path in paths:
         name = clean(str(path), MAX_SHOWN_PATH)  # printed as text (never markup), control characters replaced
-        lines = scan_file(path)  # no progress bar: the trees are the progress
+        lines = file_lines(path)  # no progress bar: the trees are the progress
         first = next(lines, None)
         if first is None:
             console.print(Text(f"{name}: no rows", "dim"))
@@ -662,23 +229,7 @@ def show_paths(
     return 0
 
 
-__all__ = [
-    "INVALID_OTLP_EVENT",
-    "UNDECIDED_NOT_AN_OBJECT",
-    "NO_TRACE_IDS",
-    "OTLP_LINE_AMONG_ROWS",
-    "ROW_AMONG_OTLP_LINES",
-    "FailureGroup",
-    "FileFormat",
-    "clean",
-    "groups_from_lines",
-    "groups_from_otlp",
-    "groups_from_rows",
-    "is_otlp",
-    "printable",
-    "render",
-    "open_rows",
-    "scan_file",
-    "show_paths",
-    "tree_lines",
-]
+def show_command(args: Any, console: Console) -> int:
+    return show_paths(
+        args.file, console, kind=args.kind, boundary=args.boundary, limit=args.limit, full_ids=args.full_ids
+    )

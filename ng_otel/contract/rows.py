@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
-from typing import Any, Final, NamedTuple, Protocol
+from collections.abc import Mapping
+from typing import Any, Final, NamedTuple
 
 import orjson
-from orjson import JSONDecodeError, loads
 from pydantic import TypeAdapter, ValidationError
 
 from ng_otel.contract.events import BOUNDARIES, EVENT_ID_RE, MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
@@ -209,131 +208,6 @@ def _sorted_members(mapping: dict[Any, Any]) -> list[tuple[Any, Any]]:
         return sorted(mapping.items(), key=lambda member: member[0], reverse=True)
     except TypeError:
         return sorted(mapping.items(), key=lambda member: _json_key(member[0]), reverse=True)
-
-
-# -- reading saved rows in bulk (ng-otel show, summary, report, kinds --check) --------------
-
-MAX_ROW_BYTES: Final = 32 * 1024 * 1024
-"""Longest line a bulk reader takes whole; a longer one is skipped without being held, so
-memory stays flat whatever a file holds (``/dev/zero`` included)."""
-
-
-class SkippedLine:
-    """A line that is not a row: why, and where (1-based)."""
-
-    __slots__ = ("line", "reason")
-
-    def __init__(self, line: int, reason: str) -> None:
-        self.line = line
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"SkippedLine({self.line}, {self.reason!r})"
-
-
-class ByteStream(Protocol):
-    """What ``read_json_lines`` reads from: a binary file, or anything with its ``read``."""
-
-    def read(self, size: int, /) -> bytes: ...
-
-
-def read_json_lines(stream: ByteStream, *, max_line_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, Any]]:
-    """(line number, decoded JSON value or ``SkippedLine``) for each non-blank line of a binary
-    stream (anything with ``read``). Never raises for what the stream holds: a line past
-    ``max_line_bytes``, invalid UTF-8, text that is not JSON (nesting too deep included) or a
-    last line cut off mid-write each come back as a ``SkippedLine``."""
-    number = 0
-    parts: list[bytes] = []  # the start of a line whose end is in a later chunk, joined once at its end
-    held = 0  # bytes in parts: at most max_line_bytes
-    overlong = False  # the current line went past the bound: drop it up to its end
-    chunk_size = max(1, min(_CHUNK_BYTES, max_line_bytes))
-    while True:
-        chunk = stream.read(chunk_size)
-        if not chunk:
-            break
-        lines = chunk.split(b"\n")
-        tail = lines.pop()
-        if lines:  # the first line ends here; it may have begun in earlier chunks
-            number += 1
-            first = lines[0]
-            if overlong or held + len(first) > max_line_bytes:
-                overlong, parts, held = False, [], 0
-                yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
-            else:
-                if parts:
-                    first, parts, held = b"".join([*parts, first]), [], 0
-                decoded = _decoded(number, first, ended=True)
-                if decoded is not None:
-                    yield number, decoded
-        after_first = number + 1
-        for number, raw in enumerate(lines[1:], start=after_first):  # the hot loop: whole lines
-            if len(raw) > max_line_bytes:
-                yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
-                continue
-            try:
-                value = loads(raw)
-            except JSONDecodeError as error:
-                value = _refused_by_orjson(number, raw, error, ended=True)
-                if value is not None:
-                    yield number, value
-            else:
-                yield number, value
-        if overlong or held + len(tail) > max_line_bytes:
-            overlong, parts, held = True, [], 0
-        elif tail:
-            parts.append(tail)
-            held += len(tail)
-    if overlong:
-        yield number + 1, SkippedLine(number + 1, f"longer than {max_line_bytes} bytes")
-    elif parts:
-        decoded = _decoded(number + 1, b"".join(parts), ended=False)
-        if decoded is not None:
-            yield number + 1, decoded
-
-
-_CHUNK_BYTES: Final = 1 << 20
-
-
-def _decoded(number: int, raw: bytes, *, ended: bool) -> Any:
-    try:
-        return loads(raw)
-    except JSONDecodeError as error:
-        return _refused_by_orjson(number, raw, error, ended=ended)
-
-
-def _refused_by_orjson(number: int, raw: bytes, error: JSONDecodeError, *, ended: bool) -> Any:
-    """A line orjson will not read: ``None`` when blank; its value when the standard library
-    reads it (a UTF-8 byte order mark, ``NaN`` or ``Infinity`` as Python's ``json`` writes
-    them), so such a row is not lost; else a ``SkippedLine`` saying why."""
-    if raw.startswith(_BOM):  # a mark, not text: the line is what follows it
-        raw = raw[len(_BOM) :]
-        try:
-            return loads(raw) if raw.strip() else None
-        except JSONDecodeError as without_mark:
-            error = without_mark  # what is wrong with the text itself
-    if not raw.strip():
-        return None
-    try:
-        value = json.loads(raw.decode("utf-8"))
-        json.dumps(value, ensure_ascii=False).encode()  # no lone surrogate from an escape
-    except (ValueError, TypeError, RecursionError):
-        return SkippedLine(number, _why_not_json(raw, error, ended))
-    return value
-
-
-_BOM: Final = b"\xef\xbb\xbf"
-
-
-def _why_not_json(raw: bytes, error: JSONDecodeError, ended: bool) -> str:
-    if raw.startswith(b"\x1f\x8b"):  # gzip's magic: the file's first line
-        return "gzip-compressed: decompress the file first (gunzip, zcat)"
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as bad:
-        return f"invalid UTF-8 at byte {bad.start + 1}"
-    if not ended:
-        return "truncated: the last line has no end and is not JSON"
-    return f"not JSON: {error.msg} at column {error.colno}"
 
 
 def read_row(row: Any) -> FailureReport | None:

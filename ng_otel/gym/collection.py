@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from opentelemetry.trace import Link, Span, SpanContext
 
@@ -24,6 +24,7 @@ from ng_otel.contract.rows import has_saved_report, read_row, row_report
 from ng_otel.otel import names
 from ng_otel.otel.links import decode_context_map, format_span_context
 from ng_otel.otel.recorder import get_recorder, is_enabled
+from ng_otel.runs.inputs import SkippedLine, SkippedLines
 
 __all__ = ["ReplaySummary", "replay_row", "replay_rows", "report_row", "row_contexts", "row_report"]
 
@@ -58,9 +59,6 @@ def row_contexts(row: Mapping[str, Any]) -> dict[str, SpanContext] | None:
         raise ValueError(f"{names.ROW_CONTEXTS}: {error}") from None
 
 
-MAX_KEPT_SKIPS: Final = 50  # skipped rows whose line and reason are kept; the rest are counted
-
-
 @dataclass
 class ReplaySummary:
     """What a replay did: memory stays flat however many rows are skipped."""
@@ -68,15 +66,16 @@ class ReplaySummary:
     rows: int = 0
     with_failures: int = 0
     events_recorded: int = 0
-    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, reason): the first MAX_KEPT_SKIPS
-    skipped_rows: int = 0
+    skipped: SkippedLines = field(default_factory=SkippedLines)
     live: int = 0  # events the rows say the live run exported, not exported again
     derived: int = 0  # rows with failures but no live ids (0.7.0's keys alone): ids derived from the row
 
+    @property
+    def skipped_rows(self) -> int:
+        return self.skipped.count
+
     def skip(self, line: int, reason: str) -> None:
-        self.skipped_rows += 1
-        if len(self.skipped) < MAX_KEPT_SKIPS:
-            self.skipped.append((line, reason))
+        self.skipped.add(SkippedLine(line, reason))
 
 
 def replay_rows(

@@ -1,0 +1,124 @@
+"""OTLP JSON lines (what ``ng-otel receive`` and the Collector's file exporter write) read
+for their ``ng.failure`` events: span events and log records, tolerant of any shape, each
+event's attributes read back into its failure record by ``ng_otel.otel.attributes``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from ng_otel.contract.events import BOUNDARIES, EVENT_ID_RE
+from ng_otel.contract.kinds import is_well_formed
+from ng_otel.otel import names
+from ng_otel.otel.attributes import record_of
+from ng_otel.runs.inputs import SkippedLine
+
+__all__ = [
+    "INVALID_OTLP_EVENT",
+    "NO_TRACE_IDS",
+    "OtlpFailure",
+    "otlp_failure_events",
+    "otlp_line_failures",
+    "record_of",
+]
+
+NO_TRACE_IDS: Final = frozenset({"", "?", "0" * 32})
+"""OTLP JSON's ways of saying "no trace" (a log record outside any span): each such event is a
+row, and a tree, of its own."""
+INVALID_OTLP_EVENT: Final = "an ng.failure event without a valid id, kind or boundary"
+
+
+OtlpFailure = tuple[str, dict[str, Any], int]  # trace id, the event's attributes, unix nanoseconds or 0
+
+
+def otlp_line_failures(
+    number: int, data: Mapping[str, Any], traces: set[str]
+) -> tuple[list[OtlpFailure], SkippedLine | None]:
+    """The ``ng.failure`` events of one OTLP JSON line that a row could hold too, and the line
+    as one ``SkippedLine`` when any event could not be read (once, however many)."""
+    failures: list[OtlpFailure] = []
+    invalid = False
+    for trace_id, attributes, unix_nanos in otlp_failure_events(data, traces):
+        if attributes is None:
+            invalid = True
+        else:
+            failures.append((trace_id, attributes, unix_nanos))
+    return failures, SkippedLine(number, INVALID_OTLP_EVENT) if invalid else None
+
+
+def otlp_failure_events(data: Mapping[str, Any], traces: set[str]) -> Iterator[tuple[str, dict[str, Any] | None, int]]:
+    """(trace id, the event's attributes or ``None`` when it lacks its id, kind or boundary,
+    time in unix nanoseconds or 0) for each ``ng.failure`` span event and log record of one
+    OTLP JSON line; each span's trace id is added to ``traces``. Tolerant of any shape."""
+    for resource_spans in _list(data.get("resourceSpans")):
+        service = _attributes(_dict(_dict(resource_spans).get("resource")).get("attributes")).get("service.name", "?")
+        for scope_spans in _list(_dict(resource_spans).get("scopeSpans")):
+            for span in _list(_dict(scope_spans).get("spans")):
+                span = _dict(span)
+                trace_id = _trace_id(span)
+                traces.add(trace_id)
+                for event in _list(span.get("events")):
+                    event = _dict(event)
+                    if event.get("name") == names.EVENT:
+                        yield trace_id, _failure_attributes(event.get("attributes"), service), _time(event)
+    for resource_logs in _list(data.get("resourceLogs")):
+        service = _attributes(_dict(_dict(resource_logs).get("resource")).get("attributes")).get("service.name", "?")
+        for scope_logs in _list(_dict(resource_logs).get("scopeLogs")):
+            for log in _list(_dict(scope_logs).get("logRecords")):
+                log = _dict(log)
+                if log.get("eventName") == names.EVENT:
+                    yield _trace_id(log), _failure_attributes(log.get("attributes"), service), _time(log)
+
+
+def _failure_attributes(items: Any, service: Any) -> dict[str, Any] | None:
+    """The event's attributes, or ``None`` when its id, kind or boundary is not one a row could
+    hold either (so an OTLP line and a row are held to the same names)."""
+    attributes = _attributes(items)
+    event_id, kind, boundary = (attributes.get(key) for key in (names.ID, names.KIND, names.BOUNDARY))
+    if not (
+        isinstance(event_id, str)
+        and EVENT_ID_RE.fullmatch(event_id)
+        and is_well_formed(kind)
+        and boundary in BOUNDARIES
+    ):
+        return None
+    attributes["service.name"] = service
+    return attributes
+
+
+def _time(item: Mapping[str, Any]) -> int:
+    try:
+        return int(item.get("timeUnixNano", 0))
+    except (TypeError, ValueError, OverflowError):  # not a number, NaN, Infinity: no time
+        return 0
+
+
+def _trace_id(item: Mapping[str, Any]) -> str:
+    """The item's trace id; "" (no trace) for one that is missing or not a string."""
+    trace_id = item.get("traceId")
+    return trace_id if isinstance(trace_id, str) else ""
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _attributes(items: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for item in _list(items):
+        value = _dict(_dict(item).get("value"))
+        for kind in ("stringValue", "boolValue", "intValue", "doubleValue"):
+            if kind in value:
+                raw = value[kind]
+                if kind == "intValue":
+                    try:
+                        raw = int(raw) if isinstance(raw, (int, str)) and len(str(raw)) < 20 else None
+                    except ValueError:
+                        raw = None
+                if raw is not None:
+                    values[str(_dict(item).get("key", ""))] = raw
+    return values
