@@ -6,6 +6,14 @@
 
 Ids are deterministic (trace and span ids count up from 1) and timestamps are left out of
 the dicts, so a whole exported span can be compared with ``==``.
+
+ng_otel remembers a few things for the life of a process: which places have reported an
+internal error (each warns once), which unregistered failure kinds it has warned of, the
+adapters' rules (``enable()`` registers Gym's) and the recorder. ``fresh_state()`` runs a
+block as a fresh process would and puts all of it back after:
+
+    with fresh_state(), caplog.at_level(logging.WARNING, logger="ng_otel"):
+        validate_failure_kind("browser_crashed")  # warns, whatever ran before
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext
 
 from ng_otel._version import __version__
+from ng_otel.contract import kinds
 from ng_otel.gym import deployment
 from ng_otel.integrations import hooks
 from ng_otel.otel import names
-from ng_otel.otel._guard import internal_errors_raise, raise_internal_errors
+from ng_otel.otel._guard import internal_errors_raise, raise_internal_errors, swap_reported
 from ng_otel.otel.recorder import FailureRecorder, get_recorder, install_recorder, is_enabled
 from ng_otel.otel.settings import Settings
 
@@ -236,3 +245,30 @@ def internal_errors_logged() -> Iterator[None]:
         yield
     finally:
         raise_internal_errors(previous)
+
+
+def reset_state() -> None:
+    """Make ng_otel's process-wide memory what a fresh process has: no place has reported an
+    internal error yet (each warns once again), no unregistered failure kind has been warned
+    of, and the adapters hold no rules. The recorder and whether recording is enabled stay
+    (``capture_failures`` installs a recorder, ``enable()`` the process's own)."""
+    swap_reported()
+    kinds.swap_warned()
+    hooks.reset()
+
+
+@contextmanager
+def fresh_state() -> Iterator[None]:
+    """``reset_state()`` for the block; after it, everything as it was before: the places that
+    had reported, the kinds warned of, the adapters' rules, the recorder and whether recording
+    is enabled (``install_recorder(recorder, enabled=False)`` in the block is undone too)."""
+    recorder, was_enabled, rules = get_recorder(), is_enabled(), hooks.saved()
+    reported, warned = swap_reported(), kinds.swap_warned()
+    hooks.reset()
+    try:
+        yield
+    finally:
+        hooks.restore(rules)
+        install_recorder(recorder, enabled=was_enabled)
+        swap_reported(reported)
+        kinds.swap_warned(warned)

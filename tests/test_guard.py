@@ -5,13 +5,12 @@ import logging
 import pytest
 
 from ng_otel.otel._guard import guard, guarded
-from ng_otel.testing import internal_errors_logged
+from ng_otel.testing import fresh_state, internal_errors_logged
 
 
-def test_a_guarded_block_is_skipped_from_the_error_on_with_one_warning_naming_it(caplog, monkeypatch):
-    monkeypatch.setattr("ng_otel.otel._guard._reported", set())
+def test_a_guarded_block_is_skipped_from_the_error_on_with_one_warning_naming_it(caplog):
     reached = []
-    with caplog.at_level(logging.WARNING, logger="ng_otel"), internal_errors_logged():
+    with fresh_state(), caplog.at_level(logging.WARNING, logger="ng_otel"), internal_errors_logged():
         for _ in range(3):
             with guard("the reply headers"):
                 raise KeyError("x" * 1000)

@@ -9,6 +9,7 @@ import pytest
 
 from ng_otel.contract import kinds
 from ng_otel.contract.kinds import FAILURE_KINDS, is_namespaced, is_registered, validate_failure_kind
+from ng_otel.testing import fresh_state
 
 SEED_KINDS = """transport_unreachable, transport_peer_drop, transport_timeout,
   transport_local_resource, agent_run_error, agent_request_failed, agent_timeout,
@@ -51,8 +52,9 @@ def test_lookup(name, registered, namespaced):
 
 
 @pytest.fixture
-def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(kinds, "_warned", set())
+def fresh_warnings():
+    with fresh_state():
+        yield
 
 
 def test_validation_is_silent_on_known_and_namespaced_names(fresh_warnings, caplog):

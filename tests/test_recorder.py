@@ -10,10 +10,9 @@ from opentelemetry.trace import Status, StatusCode
 from ng_otel import observe_failure, record_failure
 from ng_otel.contract import FailureReport, NgFailureEvent, failure_report_for, rebuild_failure
 from ng_otel.otel import names
-from ng_otel.otel import recorder as recorder_module
 from ng_otel.otel.links import LinkIndex, decode_context_header, encode_context_header
-from ng_otel.otel.recorder import get_recorder
-from ng_otel.testing import CapturedTelemetry, capture_failures, internal_errors_logged
+from ng_otel.otel.recorder import get_recorder, install_recorder
+from ng_otel.testing import CapturedTelemetry, capture_failures, fresh_state, internal_errors_logged
 from tests.conftest import SdkError, model_timeout, raise_chain, three_level
 
 
@@ -294,7 +293,7 @@ def test_a_raising_exporter_never_reaches_the_caller():
 
 
 def test_internal_errors_are_swallowed_and_logged_once(caplog, monkeypatch):
-    with capture_failures() as telemetry:
+    with fresh_state(), capture_failures() as telemetry:  # no earlier test's warning counts as the one
 
         def explode(*args, **kwargs):
             raise RuntimeError("meter broke")
@@ -323,9 +322,9 @@ def test_under_the_test_suite_an_internal_error_fails_the_test_that_caused_it(mo
             record_failure(model_timeout())
 
 
-def test_disabled_is_a_flag_check(monkeypatch):
+def test_disabled_is_a_flag_check():
     with capture_failures() as telemetry:
-        monkeypatch.setattr(recorder_module, "_enabled", False)
+        install_recorder(telemetry.recorder, enabled=False)  # capture_failures restores the flag
         record_failure(model_timeout())
         observe_failure(model_timeout())
     assert telemetry.spans() == [] and telemetry.count() == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Iterable
 from typing import Final
 
 _log = logging.getLogger(__name__)  # under "ng_otel": a command that lists kinds itself quiets it
@@ -105,6 +106,16 @@ def is_well_formed(name: object) -> bool:
     """True for any name a producer may emit: registered, unregistered ``<domain>_<condition>``
     or namespaced. Only these may become a label."""
     return isinstance(name, str) and len(name) <= MAX_KIND_CHARS and _KIND_RE.fullmatch(name) is not None
+
+
+def swap_warned(names: Iterable[str] = ()) -> frozenset[str]:
+    """The kinds warned of once already, replaced by ``names`` (any other warns again): for
+    ``ng_otel.testing``'s reset."""
+    with _warned_lock:
+        before = frozenset(_warned)
+        _warned.clear()
+        _warned.update(names)
+    return before
 
 
 def validate_failure_kind(name: str) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -59,6 +59,16 @@ class guard:
             return False
         report_internal_error(self.where, error)
         return True
+
+
+def swap_reported(places: Iterable[str] = ()) -> frozenset[str]:
+    """The places that have reported an internal error, replaced by ``places`` (each place
+    not among them warns once again): for ``ng_otel.testing``'s reset."""
+    with _lock:
+        before = frozenset(_reported)
+        _reported.clear()
+        _reported.update(places)
+    return before
 
 
 def report_internal_error(where: str, error: BaseException) -> None:
