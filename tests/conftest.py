@@ -1,4 +1,6 @@
 import asyncio
+import contextlib
+import io
 import os
 import shutil
 import socket
@@ -41,6 +43,13 @@ def ng_otel_dist(tmp_path_factory) -> Path:
     return out
 
 
+def user_environment(**extra: str) -> dict[str, str]:
+    """This process's environment as the command's tests run it: without OTEL_*/NG_OTEL_* (so
+    each test chooses them), 200 columns wide (rich wraps there, and tests read whole lines)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_"))}
+    return {**env, "COLUMNS": "200", **extra}
+
+
 @dataclass(frozen=True)
 class Installed:
     """A virtual environment with ng_otel installed from the wheel, as a user installs it."""
@@ -53,8 +62,8 @@ class Installed:
     def env(self, **extra: str) -> dict[str, str]:
         """This process's environment without OTEL_*/NG_OTEL_* (so tests choose them) and
         without the test venv's paths."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_", "PYTHON", "VIRTUAL_ENV"))}
-        return {**env, "COLUMNS": "200", **extra}
+        env = {k: v for k, v in user_environment().items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+        return {**env, **extra}
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +114,91 @@ def ng_otel_cli(installed, tmp_path_factory):
             cwd=cwd or workdir,
             timeout=180,
         )
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def ng_otel_process(tmp_path_factory):
+    """Run ``ng-otel`` in a process of its own, from this environment's ``ng_otel`` (no wheel
+    to build), from a folder of its own: for what only a process shows (the exporters
+    flushed as it exits, its servers, its signals, its exit status)."""
+    workdir = tmp_path_factory.mktemp("process-workdir")
+
+    def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*NG_OTEL_COMMAND, *args],
+            capture_output=True,
+            text=True,
+            env=user_environment(**(env or {})),
+            cwd=cwd or workdir,
+            timeout=180,
+        )
+
+    return run
+
+
+NG_OTEL_COMMAND = (sys.executable, "-m", "ng_otel.cli")  # the ng-otel command of this environment
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What ``ng-otel ARGS`` did, as ``subprocess.CompletedProcess`` says it."""
+
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _captured() -> io.TextIOWrapper:
+    """A text stream with a byte buffer beneath it (``summary --json`` writes bytes)."""
+    return io.TextIOWrapper(io.BytesIO(), encoding="utf-8", newline="\n", write_through=True)
+
+
+def _text(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    buffer = stream.buffer
+    assert isinstance(buffer, io.BytesIO)
+    return buffer.getvalue().decode("utf-8")
+
+
+@pytest.fixture
+def cli(tmp_path_factory):
+    """Run ``ng-otel ARGS`` in this process, ``main(argv)``, as the command would run in one of
+    its own: the environment ``ng_otel_process`` gives it (plus ``env``), ``cwd`` (a fresh folder
+    by default), ``sys.argv``, stdout and stderr its own (not a terminal: no colour, 200
+    columns), and ng_otel's process-wide memory fresh (``fresh_state``). For the commands that
+    are a function of files and environment (show, summary, report, kinds, doctor, and any
+    command's usage errors); a command that installs telemetry providers (replay's exporters)
+    needs ``ng_otel_process``, and running one here fails the test."""
+    from opentelemetry import trace
+
+    from ng_otel.cli import main
+    from ng_otel.testing import fresh_state
+
+    workdir = tmp_path_factory.mktemp("cli-workdir")
+
+    def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Ran:
+        stdout, stderr = _captured(), _captured()
+        provider = trace.get_tracer_provider()
+        with pytest.MonkeyPatch.context() as patch, fresh_state():
+            for name in list(os.environ):
+                if name.startswith(("OTEL_", "NG_OTEL_")):
+                    patch.delenv(name)
+            for name, value in {"COLUMNS": "200", **(env or {})}.items():
+                patch.setenv(name, value)
+            patch.chdir(cwd or workdir)
+            patch.setattr(sys, "argv", ["ng-otel", *args])
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                try:
+                    returncode = main(list(args))
+                except SystemExit as exit:  # argparse's usage errors and --help
+                    if isinstance(exit.code, str):
+                        sys.stderr.write(exit.code + "\n")
+                    returncode = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+        assert trace.get_tracer_provider() is provider, f"ng-otel {args[0]} installed providers: use ng_otel_process"
+        return Ran(tuple(args), returncode, _text(stdout), _text(stderr))
 
     return run
 
