@@ -26,6 +26,7 @@ REASON: Final = "ng.failure.reason"  # unbounded, may hold personal data: events
 OPERATION: Final = "ng.failure.operation"
 FOREIGN_TYPE: Final = "ng.failure.foreign.type"
 FOREIGN_MESSAGE: Final = "ng.failure.foreign.message"
+FOREIGN_HTTP_STATUS: Final = "ng.failure.foreign.http_status"
 HTTP_STATUS: Final = "http.response.status_code"
 RESEND_COUNT: Final = "http.request.resend_count"  # on a failed attempt's event and span: 0 for the first
 HTTP_METHOD: Final = "http.request.method"
@@ -45,9 +46,26 @@ EVENT_ATTRIBUTES: Final = (
     OPERATION,
     FOREIGN_TYPE,
     FOREIGN_MESSAGE,
+    FOREIGN_HTTP_STATUS,
 )
 """Every attribute an ``ng.failure`` event may carry, besides one of its context's
 (``ng.verify.masked`` on a verify outcome, ``http.request.resend_count`` on a failed attempt)."""
+RECORD_ATTRIBUTES: Final = (
+    ("event_id", ID),
+    ("boundary", BOUNDARY),
+    ("failure_kind", KIND),
+    ("failure_reason", REASON),
+    ("cause_id", CAUSE_ID),
+    ("stage", STAGE),
+    ("http_status", HTTP_STATUS),
+    ("operation", OPERATION),
+)
+"""(record key, event attribute) for each flat field of a failure record (``FailureRecord``):
+``ng_otel.otel.attributes`` writes and reads an event through it, so a record survives the
+round trip; a field added to the record is added here (a test holds the two together)."""
+FOREIGN_ATTRIBUTES: Final = (("type", FOREIGN_TYPE), ("message", FOREIGN_MESSAGE), ("http_status", FOREIGN_HTTP_STATUS))
+"""(key, event attribute) for each field of a record's ``foreign_error``."""
+
 LINK_ATTRIBUTES_COUNT: Final = 3  # ng.link.type, ng.failure.id, ng.failure.cause_id
 
 LINK_TYPE: Final = "ng.link.type"

@@ -36,6 +36,7 @@ from ng_otel.contract.report import FailureReport, failure_report_for
 from ng_otel.otel import names
 from ng_otel.otel._failure_tally import failure_tally
 from ng_otel.otel._guard import guarded
+from ng_otel.otel.attributes import event_attributes
 from ng_otel.otel.failure_log import current_failure_log
 from ng_otel.otel.links import NOT_EXPORTED, LinkIndex
 from ng_otel.otel.settings import Settings, SettingsError, warn_not_enabled
@@ -207,33 +208,13 @@ class FailureRecorder:
         links: list[Link],
     ) -> None:
         span = target.span
-        event_id = record["event_id"]
         kind = record["failure_kind"]
         stage = record.get("stage")
         status = record.get("http_status")
         failure_class = self.classifier.classify(kind, status, terminal=terminal).value
-        attributes: dict[str, Any] = {
-            names.ID: event_id,
-            names.BOUNDARY: record["boundary"],
-            names.KIND: kind,
-            names.REASON: record["failure_reason"],
-            names.RECOVERED: recovered,
-            names.CLASS: failure_class,
-        }
-        cause_id = record.get("cause_id")
-        if cause_id is not None:
-            attributes[names.CAUSE_ID] = cause_id
-        if stage is not None:
-            attributes[names.STAGE] = stage
-        if status is not None:
-            attributes[names.HTTP_STATUS] = status
-        operation = record.get("operation")
-        if operation is not None:
-            attributes[names.OPERATION] = operation
-        foreign = record.get("foreign_error")
-        if foreign is not None:
-            attributes[names.FOREIGN_TYPE] = foreign["type"]
-            attributes[names.FOREIGN_MESSAGE] = foreign["message"]
+        attributes = event_attributes(record)
+        attributes[names.RECOVERED] = recovered
+        attributes[names.CLASS] = failure_class
         if target.extra:
             attributes.update(target.extra)
 
