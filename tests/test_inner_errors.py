@@ -22,11 +22,12 @@ from starlette.responses import JSONResponse
 from ng_otel.contract.events import MAX_REASON_CHARS
 from ng_otel.contract.inner_errors import (
     EMPTY_CHAIN,
-    INNER_ERROR_STATUS,
-    INNER_RUN_ERROR_KINDS,
+    GYM_ERROR_STATUS,
     MAX_BODY_CHARS,
     MAX_HOPS,
     NO_INNER_REASON,
+    RUN_ERROR_KINDS,
+    SERVER_BOUNDARIES,
     InnerHop,
     chain_records,
     class_boundary,
@@ -215,7 +216,7 @@ def test_a_row_s_chain_is_collection_caused_by_each_server_effect_first_with_the
     assert chain.servers == (None, "simpleqa_simple_agent", "simpleqa_simple_agent", "policy_model")
     assert walked[-1]["failure_reason"] == "backend overloaded"
     assert walked[1]["failure_reason"] == "simpleqa_simple_agent got a failed reply 500 from simpleqa_simple_agent"
-    assert all(r["http_status"] == INNER_ERROR_STATUS for r in walked[1:])
+    assert all(r["http_status"] == GYM_ERROR_STATUS for r in walked[1:])
     assert {k: v for k, v in walked[0].items() if k != "cause_id"} == outer  # collection's record as rows builds it
     assert chain.server_by_event() == {r["event_id"]: s for r, s in zip(walked[1:], chain.servers[1:], strict=True)}
 
@@ -232,10 +233,11 @@ def test_reading_a_row_twice_names_the_same_failures_and_two_rows_name_different
 
 
 def test_inner_kinds_are_the_ones_the_live_path_gives_each_boundary():
-    from ng_otel.gym.failures import RUN_ERROR_KINDS, STATUS_KINDS
+    from ng_otel.gym import failures
+    from ng_otel.gym.failures import STATUS_KINDS
 
-    assert {boundary: RUN_ERROR_KINDS[boundary] for boundary in INNER_RUN_ERROR_KINDS} == dict(INNER_RUN_ERROR_KINDS)
-    assert INNER_ERROR_STATUS not in STATUS_KINDS  # a callee's 500 names no kind of its own
+    assert failures.RUN_ERROR_KINDS is RUN_ERROR_KINDS and SERVER_BOUNDARIES <= set(RUN_ERROR_KINDS)  # one table
+    assert GYM_ERROR_STATUS not in STATUS_KINDS  # a callee's 500 names no kind of its own
 
 
 def test_a_server_of_unknown_kind_makes_no_event_and_the_chain_goes_on_past_it():

@@ -36,8 +36,9 @@ MAX_NAME_CHARS: Final = 128
 MAX_JSON_CORE_CHARS: Final = MAX_BODY_CHARS
 """Longest core decoded as JSON to find its message (bounded by the body anyway)."""
 
-INNER_ERROR_STATUS: Final = 500
-"""What Gym's catch-all answers with every "Hit an exception ..." body: each named server's status."""
+GYM_ERROR_STATUS: Final = 500
+"""What Gym's catch-all answers for every exception it catches: the status of each server a
+"Hit an exception ..." body names."""
 
 HOP_PREFIX: Final = "Hit an exception in "
 HOP_SEPARATOR: Final = "___"  # get_session_middleware_key: f"{class}___{config name}"
@@ -62,15 +63,18 @@ CLASS_SUFFIX_BOUNDARIES: Final[tuple[tuple[str, str], ...]] = (
     ("Agent", "agent"),
 )
 
-# The kind of a server whose handler ran and broke because the server it called failed, by
-# the server's boundary: the values gym/failures.py's RUN_ERROR_KINDS gives the live path
-# (a hop's callee answered 500, which names no kind of its own in STATUS_KINDS).
-INNER_RUN_ERROR_KINDS: Final[Mapping[str, str]] = {
+# The failure of a server whose handler ran and broke, by the server's boundary: what the live
+# path records (ng_otel/gym/failures.py) and what each server a row's body names is read as
+# (its callee answered 500, which names no kind of its own).
+RUN_ERROR_KINDS: Final[Mapping[str, str]] = {
     "model": k.PROVIDER_UNAVAILABLE,  # the model server got no completion from its backend
     "agent": k.AGENT_RUN_ERROR,
     "resources_server": k.VERIFIER_ERROR,
     "environment": k.ENVIRONMENT_SERVER_FAILED,
+    "harness": k.AGENT_RUN_ERROR,
+    "collection": k.AGENT_RUN_ERROR,
 }
+SERVER_BOUNDARIES: Final = frozenset({"model", "agent", "resources_server", "environment"})  # what a hop may be
 
 NO_INNER_REASON: Final = "the innermost server's reply held no text"
 
@@ -343,25 +347,25 @@ def chain_records(outer: Mapping[str, Any], chain: InnerErrorChain) -> ChainReco
     outer one and the hop's place, so the same row names the same failures every time.
     ``outer`` is returned alone (copied) when it already has a cause or ``chain`` no hop."""
     top = dict(outer)
-    known = [(index, hop) for index, hop in enumerate(chain.hops) if hop.boundary in INNER_RUN_ERROR_KINDS]
+    known = [(index, hop) for index, hop in enumerate(chain.hops) if hop.boundary in SERVER_BOUNDARIES]
     if not known or "cause_id" in top or not isinstance(top.get("event_id"), str):
         return ChainRecords((top,), (None,))
     records = [top]
     servers: list[str | None] = [None]
     for place, (index, hop) in enumerate(known):
         boundary = hop.boundary
-        assert boundary is not None  # known: INNER_RUN_ERROR_KINDS has no None
+        assert boundary is not None  # known: a server's boundary
         innermost = place == len(known) - 1
         if innermost:
             reason = chain.reason or NO_INNER_REASON
         else:
-            reason = f"{hop.server} got a failed reply {INNER_ERROR_STATUS} from {chain.hops[index + 1].server}"
+            reason = f"{hop.server} got a failed reply {GYM_ERROR_STATUS} from {chain.hops[index + 1].server}"
         record = {
             "event_id": inner_event_id(top["event_id"], index),
             "boundary": boundary,
-            "failure_kind": INNER_RUN_ERROR_KINDS[boundary],
+            "failure_kind": RUN_ERROR_KINDS[boundary],
             "failure_reason": bound_text(reason),
-            "http_status": INNER_ERROR_STATUS,
+            "http_status": GYM_ERROR_STATUS,
         }
         records[-1]["cause_id"] = record["event_id"]
         records.append(record)

@@ -17,20 +17,10 @@ from typing import Any, Final
 
 from ng_otel.contract import kinds as k
 from ng_otel.contract.events import MAX_REASON_CHARS, ForeignError, NgFailureEvent, bound_text
+from ng_otel.contract.inner_errors import GYM_ERROR_STATUS, RUN_ERROR_KINDS
 from ng_otel.contract.report import FailureReport
 from ng_otel.otel.replies import ReplyEvidence, reply_of
 
-GYM_ERROR_STATUS: Final = 500  # what Gym's catch-all answers for every exception it catches
-
-# The failure of a server whose handler ran and broke, by the server's boundary.
-RUN_ERROR_KINDS: Final = {
-    "model": k.PROVIDER_UNAVAILABLE,  # the model server got no completion from its backend
-    "agent": k.AGENT_RUN_ERROR,
-    "resources_server": k.VERIFIER_ERROR,
-    "environment": k.ENVIRONMENT_SERVER_FAILED,
-    "harness": k.AGENT_RUN_ERROR,
-    "collection": k.AGENT_RUN_ERROR,
-}
 # An upstream status that names the failure whoever saw it (Gym: "timeout", "rate_limit").
 STATUS_KINDS: Final = {408: k.TRANSPORT_TIMEOUT, 504: k.TRANSPORT_TIMEOUT, 429: k.PROVIDER_QUOTA_EXHAUSTED}
 # By class name along the exception's MRO, nearest first: aiohttp's and the standard
