@@ -4,6 +4,7 @@ they were sent, and bounded reading of whatever the file holds."""
 import json
 import socket
 import subprocess
+import sys
 import tracemalloc
 
 import pytest
@@ -21,6 +22,7 @@ from ng_otel.runs.inputs import (
     UNDECIDED_NOT_AN_OBJECT,
 )
 from ng_otel.testing import capture_failures
+from tests.conftest import NG_OTEL_COMMAND, user_environment
 
 
 def chain_row() -> dict:
@@ -74,8 +76,8 @@ def rows(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("count", [False, True])
-def test_replay_says_what_the_exporter_exported_and_counts_only_when_asked(rows, otlp, ng_otel_cli, count):
-    done = ng_otel_cli(
+def test_replay_says_what_the_exporter_exported_and_counts_only_when_asked(rows, otlp, ng_otel_process, count):
+    done = ng_otel_process(
         "replay",
         str(rows),
         *(["--count"] if count else []),
@@ -90,10 +92,10 @@ def test_replay_says_what_the_exporter_exported_and_counts_only_when_asked(rows,
 
 
 @pytest.mark.e2e
-def test_a_file_larger_than_the_span_queue_is_exported_whole(tmp_path, otlp, ng_otel_cli):
+def test_a_file_larger_than_the_span_queue_is_exported_whole(tmp_path, otlp, ng_otel_process):
     path = tmp_path / "many.jsonl"
     path.write_text("".join(json.dumps(chain_row()) + "\n" for _ in range(2_000)))  # a span each
-    done = ng_otel_cli(
+    done = ng_otel_process(
         "replay",
         str(path),
         env={**HTTP, "OTEL_BSP_MAX_QUEUE_SIZE": "512", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint},
@@ -113,34 +115,43 @@ def closed_port():
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("where", ["collector down", "exporter none", "endpoint not a URL"])
-def test_replay_exits_nonzero_when_the_events_do_not_get_where_they_were_sent(rows, ng_otel_cli, closed_port, where):
+def test_replay_exits_nonzero_when_the_events_do_not_get_where_they_were_sent(
+    rows, ng_otel_process, closed_port, where
+):
     env = {
         "collector down": {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port}"},
         "exporter none": {"OTEL_TRACES_EXPORTER": "none"},
         "endpoint not a URL": {"OTEL_EXPORTER_OTLP_ENDPOINT": "notaurl"},
     }[where]
-    done = ng_otel_cli("replay", str(rows), env={**HTTP, "OTEL_METRICS_EXPORTER": "none", **env})
+    done = ng_otel_process("replay", str(rows), env={**HTTP, "OTEL_METRICS_EXPORTER": "none", **env})
     assert done.returncode == 1, done.stdout + done.stderr
     assert "0 events exported, 2 failed to export" in done.stdout
     assert "2 events not exported: " in done.stdout and "Traceback" not in done.stdout + done.stderr
 
 
 @pytest.mark.e2e
-def test_replay_with_telemetry_switched_off_says_so_on_stderr_and_exits_1(rows, ng_otel_cli):
-    done = ng_otel_cli("replay", str(rows), env={**HTTP, "NG_OTEL_ENABLED": "0"})
+def test_replay_with_telemetry_switched_off_says_so_on_stderr_and_exits_1(rows, ng_otel_process):
+    done = ng_otel_process("replay", str(rows), env={**HTTP, "NG_OTEL_ENABLED": "0"})
     assert done.returncode == 1 and done.stdout == "", done.stdout
     assert done.stderr == "ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)\n"
 
 
 @pytest.mark.e2e
-def test_the_final_flush_is_bounded_and_what_it_did_not_send_failed(rows, otlp, ng_otel_cli):
+def test_the_final_flush_is_bounded_and_what_it_did_not_send_failed(rows, otlp, ng_otel_process):
     otlp.delay = 120.0  # a collector that holds every export: only the replay's own bound ends it
-    done = ng_otel_cli(
+    done = ng_otel_process(
         "replay",
         str(rows),
         "--timeout",
         "1",
-        env={**HTTP, "OTEL_EXPORTER_OTLP_TIMEOUT": "100", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint},
+        env={
+            **HTTP,
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "100",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint,
+            # The spans' flush is what --timeout bounds. A metric export held the same way kept
+            # the process 30 s past its summary (the SDK's meter provider shutdown at exit).
+            "OTEL_METRICS_EXPORTER": "none",
+        },
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "0 events exported, 2 failed to export" in done.stdout
@@ -151,7 +162,9 @@ HOSTILE_KEY = "[/red][link=http://evil.example]click[/link]"
 
 
 @pytest.mark.e2e
-def test_replay_skips_lines_it_cannot_read_with_their_numbers_and_echoes_them_escaped(tmp_path, otlp, ng_otel_cli):
+def test_replay_skips_lines_it_cannot_read_with_their_numbers_and_echoes_them_escaped(
+    tmp_path, otlp, ng_otel_process, cli
+):
     path = tmp_path / "hostile.jsonl"
     with path.open("wb") as out:
         out.write(json.dumps(chain_row()).encode() + b"\n")  # 1
@@ -161,7 +174,7 @@ def test_replay_skips_lines_it_cannot_read_with_their_numbers_and_echoes_them_es
         out.write(b" " * (MAX_ROW_BYTES + 1) + b"\n")  # 5: one byte past the line bound
         out.write(json.dumps(chain_row()).encode() + b"\n")  # 6
         out.write(b'{"resourceSpans": []}\n')  # 7: an OTLP JSON line, no row to replay
-    done = ng_otel_cli("replay", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint})
+    done = ng_otel_process("replay", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint})
     assert done.returncode == 1, done.stdout + done.stderr
     out = " ".join(done.stdout.split())  # the terminal's line wrapping undone
     assert "line 2: skipped: invalid UTF-8" in out
@@ -172,7 +185,7 @@ def test_replay_skips_lines_it_cannot_read_with_their_numbers_and_echoes_them_es
     # Rows and skipped lines apart, as summary counts them.
     assert "replayed 2 rows: 2 with failures, 4 events exported, 0 failed to export, 5 skipped line(s)" in out
     assert "Traceback" not in done.stdout + done.stderr
-    summary = json.loads(ng_otel_cli("summary", "--json", str(path)).stdout)
+    summary = json.loads(cli("summary", "--json", str(path)).stdout)
     assert (summary["rows"], summary["skipped"]) == (2, 5)
 
 
@@ -180,14 +193,14 @@ UNUSABLE_CONTEXTS = ["x", [1, 2], {"x": 1}, 2**70, True, 0, ""]
 
 
 @pytest.mark.e2e
-def test_rows_whose_contexts_cannot_be_used_are_replayed_without_links_and_counted(tmp_path, otlp, ng_otel_cli):
+def test_rows_whose_contexts_cannot_be_used_are_replayed_without_links_and_counted(tmp_path, otlp, ng_otel_process):
     linked = chain_row()
     live = {event_id: f"{index + 1:032x}-{index + 1:016x}" for index, event_id in enumerate(linked[ROW_EVENTS])}
     linked[names.ROW_CONTEXTS] = live
     rows = [linked] + [chain_row() | {names.ROW_CONTEXTS: contexts} for contexts in UNUSABLE_CONTEXTS]
     path = tmp_path / "contexts.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    done = ng_otel_cli(
+    done = ng_otel_process(
         "replay", "--include-live", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint}
     )
     assert done.returncode == 0, done.stdout + done.stderr  # every event exported: contexts only link
@@ -217,7 +230,7 @@ print("peak RSS MiB:", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss //
 
 
 @pytest.mark.e2e
-def test_an_endless_line_is_skipped_with_its_number_in_flat_memory(tmp_path, installed, otlp):
+def test_an_endless_line_is_skipped_with_its_number_in_flat_memory(tmp_path, otlp):
     small, endless = tmp_path / "small.jsonl", tmp_path / "endless.jsonl"
     small.write_text(json.dumps(chain_row()) + "\n")
     with endless.open("wb") as out:  # /dev/zero's shape: 512 MiB of NULs with no line end (sparse on disk)
@@ -225,11 +238,11 @@ def test_an_endless_line_is_skipped_with_its_number_in_flat_memory(tmp_path, ins
         out.truncate(out.tell() + 512 * 1024 * 1024)
         out.seek(0, 2)
         out.write(b"\n" + json.dumps(chain_row()).encode() + b"\n")
-    env = installed.env(**HTTP, OTEL_EXPORTER_OTLP_ENDPOINT=otlp.http_endpoint)
+    env = user_environment(**HTTP, OTEL_EXPORTER_OTLP_ENDPOINT=otlp.http_endpoint)
 
     def replay(path):
         done = subprocess.run(
-            [installed.bin("python"), "-c", PEAK_RSS, installed.bin("ng-otel"), "replay", str(path)],
+            [sys.executable, "-c", PEAK_RSS, *NG_OTEL_COMMAND, "replay", str(path)],
             capture_output=True,
             text=True,
             env=env,
@@ -249,15 +262,15 @@ def test_an_endless_line_is_skipped_with_its_number_in_flat_memory(tmp_path, ins
 
 @pytest.mark.e2e
 def test_a_file_of_otlp_json_lines_is_not_replayed_and_a_row_in_it_is_skipped_as_summary_skips_it(
-    tmp_path, otlp, ng_otel_cli
+    tmp_path, otlp, ng_otel_process, cli
 ):
     path = tmp_path / "otlp_first.jsonl"
     path.write_text('[1]\n{"resourceSpans": []}\n' + json.dumps(chain_row()) + "\n")  # the object decides
-    done = ng_otel_cli("replay", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint})
+    done = ng_otel_process("replay", str(path), env={**HTTP, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint})
     assert done.returncode == 1, done.stdout + done.stderr
     out = " ".join(done.stdout.split())
     assert f"line 1: skipped: {UNDECIDED_NOT_AN_OBJECT}" in out
     assert f"line 2: skipped: {OTLP_NOT_REPLAYED}" in out and f"line 3: skipped: {ROW_AMONG_OTLP_LINES}" in out
     assert "replayed 0 rows: 0 with failures, 0 events exported, 0 failed to export, 3 skipped line(s)" in out
-    summary = json.loads(ng_otel_cli("summary", "--json", str(path)).stdout)
+    summary = json.loads(cli("summary", "--json", str(path)).stdout)
     assert summary["skipped"] == 2  # the list and the row; the OTLP line is summary's to read
