@@ -2,12 +2,19 @@
 the way NeMo Gym serves it (uvicorn on uvloop and httptools), with OpenTelemetry tracing (the
 contrib FastAPI instrumentation) and metrics, exporting OTLP as the ``OTEL_*`` variables say.
 
-Variants (argv[2]): ``plain`` (A), ``ng_otel`` (B: ``ng_otel.enable()`` then ``instrument_app``)
-and ``off`` (B's code with ``NG_OTEL_ENABLED=0`` set by the caller). The telemetry pipeline is
-the app's own and identical in all three; ``enable()`` finds it installed and records through it.
+Variants (argv[2]): ``plain`` (A), ``ng_otel`` (B: ``ng_otel.enable()``, Gym's rules for an
+agent server, then ``instrument_app``), ``off`` (B's code with ``NG_OTEL_ENABLED=0`` set by the
+caller) and ``minimum`` (A with the hand-written minimum of the failing path, ``_gym_minimum``).
+The telemetry pipeline is the app's own and identical in all; ``enable()`` finds it installed
+and records through it.
 
-Routes: ``POST /run`` takes ~2 KB of JSON and answers ~2 KB, or raises a three-event cause
-chain (``raise ... from``) when the body says ``fail``; ``POST /hold`` does the same after
+Routes: ``POST /run`` takes ~2 KB of JSON and answers ~2 KB, the agent's way: it first calls
+its model (``POST /model`` on this same server, over a real socket, through one keep-alive
+aiohttp session carrying the W3C trace context). When the body says ``fail``, the first
+attempt finds the model unreachable (connection refused: a recovered, retried attempt), the
+second gets the model's failure (504, with ng_otel its report and contexts), and ``/run``
+raises a three-event cause chain (``raise ... from``: model -> harness -> agent), the harness
+event linked to the model's span. ``POST /hold`` answers without calling the model, after
 awaiting an event that ``POST /release`` sets (``GET /held`` counts the waiting requests).
 Run: python bench/_gym_app.py <listening socket fd> <variant>
 """
@@ -23,10 +30,13 @@ import sys
 import time
 from typing import Any
 
+import _gym_minimum
+import aiohttp
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from opentelemetry import metrics, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -55,6 +65,11 @@ class RunRequest(BaseModel):
     metadata: dict[str, str]
 
 
+class ModelRequest(BaseModel):
+    task_id: int
+    fail: bool = False
+
+
 class RunResponse(BaseModel):
     task_id: int
     reward: float
@@ -79,17 +94,93 @@ def install_telemetry(service: str) -> None:
     metrics.set_meter_provider(MeterProvider(resource=resource_, metric_readers=readers))
 
 
-def failure_chain(task_id: int) -> None:
-    """Raise a three-event chain the way Gym code does: model timeout -> harness -> agent."""
+def model_failure(task_id: int) -> NgFailureEvent:
+    return NgFailureEvent("transport_timeout", f"task {task_id}: model timed out", boundary="model", http_status=504)
+
+
+def agent_failure(model: BaseException) -> None:
+    """Raise the agent's two events the way Gym code does: harness, then agent, from the model's."""
     try:
-        try:
-            raise NgFailureEvent(
-                "transport_timeout", f"task {task_id}: model timed out", boundary="model", http_status=504
-            )
-        except NgFailureEvent as model:
-            raise NgFailureEvent("agent_run_error", "harness gave up", boundary="harness", stage="agent") from model
+        raise NgFailureEvent("agent_run_error", "harness gave up", boundary="harness", stage="agent") from model
     except NgFailureEvent as harness:
         raise NgFailureEvent("agent_run_error", "rollout failed", boundary="agent", http_status=500) from harness
+
+
+def failure_chain(task_id: int) -> None:
+    """Raise a three-event chain in one process: model timeout -> harness -> agent."""
+    try:
+        raise model_failure(task_id)
+    except NgFailureEvent as model:
+        agent_failure(model)
+
+
+def injecting_trace_config() -> aiohttp.TraceConfig:
+    """The least a client carrying trace context does (A and the minimum): the W3C context of
+    the current span injected into each request."""
+
+    async def on_request_start(session: Any, context: Any, params: aiohttp.TraceRequestStartParams) -> None:
+        propagate.inject(params.headers)
+
+    config = aiohttp.TraceConfig()
+    config.on_request_start.append(on_request_start)
+    return config
+
+
+class ModelClient:
+    """The agent's one session to its model (Gym's ``server_utils`` keeps one per process) and
+    Gym's request loop: an attempt that gets no reply is sent again."""
+
+    def __init__(self, variant: str, port: int) -> None:
+        self.variant = variant
+        self.url = f"http://127.0.0.1:{port}/model"
+        self._unreachable = socket.socket()  # bound, never listening: connection refused
+        self._unreachable.bind(("127.0.0.1", 0))
+        self.unreachable_url = f"http://127.0.0.1:{self._unreachable.getsockname()[1]}/model"
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            if self.variant in ("ng_otel", "off"):
+                from ng_otel.integrations.aiohttp import failure_trace_config
+
+                configs = [failure_trace_config()]
+            else:
+                configs = [injecting_trace_config()]
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=600)
+            self._session = aiohttp.ClientSession(connector=connector, trace_configs=configs)
+        return self._session
+
+    async def call(self, request: Request, task_id: int, fail: bool) -> bytes:
+        session = self.session()
+        data = orjson.dumps({"task_id": task_id, "fail": fail})
+        attempts = []
+        for attempt in range(3):
+            url = self.unreachable_url if fail and attempt == 0 else self.url
+            started = time.time_ns()
+            try:
+                async with session.post(url, data=data, headers=JSON) as reply:
+                    body = await reply.read()
+                    if reply.status < 400:
+                        return body
+                    await self.failed(reply)
+            except aiohttp.ClientConnectorError as error:
+                if self.variant == "minimum":
+                    attempts.append(_gym_minimum.failed_attempt(error, "POST", url, attempt, started))
+                    request.state.attempts = attempts
+                continue
+        raise RuntimeError("the model never answered")
+
+    async def failed(self, reply: aiohttp.ClientResponse) -> None:
+        if self.variant in ("ng_otel", "off"):
+            from ng_otel.integrations.aiohttp import raise_boundary_failure
+
+            await raise_boundary_failure(reply)  # the callee's failure, ids and causes kept
+        elif self.variant == "minimum":
+            raise _gym_minimum.callee_failure(reply.headers[_gym_minimum.REPORT], reply.headers[_gym_minimum.CONTEXT])
+        reply.raise_for_status()
+
+
+JSON = {"content-type": "application/json"}
 
 
 def answer(body: RunRequest) -> RunResponse:
@@ -97,20 +188,28 @@ def answer(body: RunRequest) -> RunResponse:
     return RunResponse(task_id=body.task_id, reward=1.0, output=output, metadata=body.metadata)
 
 
-def build(variant: str) -> FastAPI:
+def build(variant: str, port: int = 0) -> FastAPI:
     install_telemetry(f"bench-{variant}")
     app = FastAPI()
     if variant in ("ng_otel", "off"):  # enabled first, as a server would: instrumentations after it
         import ng_otel
+        from ng_otel.gym import deployment
         from ng_otel.integrations import instrument_app
 
         ng_otel.enable(f"bench-{variant}")
+        deployment.install(deployment.GymProcess("bench_agent", "agent"))  # Gym's rules, as in an agent server
         instrument_app(app)
     FastAPIInstrumentor.instrument_app(app)
+    model = ModelClient(variant, port)
 
-    @app.exception_handler(NgFailureEvent)
-    async def failure_reply(request: Request, error: NgFailureEvent) -> JSONResponse:
-        return JSONResponse({"failure": error.to_record()}, status_code=error.http_status or 500)
+    if variant == "minimum":
+        _gym_minimum.install()
+        app.add_exception_handler(NgFailureEvent, _gym_minimum.answer)  # type: ignore[arg-type]
+    else:
+
+        @app.exception_handler(NgFailureEvent)
+        async def failure_reply(request: Request, error: NgFailureEvent) -> JSONResponse:
+            return JSONResponse({"failure": error.to_record()}, status_code=error.http_status or 500)
 
     release = asyncio.Event()
     held = [0]
@@ -120,10 +219,18 @@ def build(variant: str) -> FastAPI:
         return {"ok": True, "loop": type(asyncio.get_running_loop()).__module__}
 
     @app.post("/run")
-    async def run(body: RunRequest) -> RunResponse:
-        if body.fail:
-            failure_chain(body.task_id)
+    async def run(request: Request, body: RunRequest) -> RunResponse:
+        try:
+            await model.call(request, body.task_id, body.fail)
+        except (NgFailureEvent, aiohttp.ClientResponseError) as failed:
+            agent_failure(failed)
         return answer(body)
+
+    @app.post("/model")
+    async def generate(body: ModelRequest) -> dict[str, Any]:
+        if body.fail:
+            raise model_failure(body.task_id)
+        return {"task_id": body.task_id, "output": "The answer is 10000."}
 
     @app.post("/hold")
     async def hold(body: RunRequest) -> RunResponse:
@@ -182,7 +289,7 @@ if __name__ == "__main__":
     raise_fd_limit()
     sock = socket.socket(fileno=int(sys.argv[1]))
     config = uvicorn.Config(
-        build(sys.argv[2]),
+        build(sys.argv[2], sock.getsockname()[1]),
         loop="uvloop",  # uvicorn --loop uvloop --http httptools, as NeMo Gym serves
         http="httptools",
         log_level="warning",

@@ -3,8 +3,8 @@ connections, every loop bounded in count and time. Prints one JSON line of resul
 
     python bench/_load.py rate <lifetime seconds>
         reads windows from stdin (``rate_commands``): POST /run from <concurrency> workers,
-        1 request in 20 failing (5 %); latency of each request after the warm-up; every
-        failing reply checked for its report.
+        1 request in 20 failing (5 %; a window may say 1 in N, 1 for all, 0 for none); latency
+        of each request after the warm-up; every failing reply checked for its report.
     python bench/_load.py hold <port> <in flight> <max seconds> <failing: 0 or 1>
         <in flight> requests to POST /hold, all open at once (with <failing>, 5 % of them fail
         once released), then POST /release and every reply read.
@@ -58,7 +58,13 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
 
 
 async def rate(
-    session: aiohttp.ClientSession, port: int, concurrency: int, limit: int, seconds: float, warmup: float
+    session: aiohttp.ClientSession,
+    port: int,
+    concurrency: int,
+    limit: int,
+    seconds: float,
+    warmup: float,
+    fail_every: int = FAIL_EVERY,
 ) -> dict[str, Any]:
     """Throughput counts the replies completed in the measured window (after the warm-up, until
     ``seconds`` passed or ``limit`` requests were issued); latency is that of the requests
@@ -83,7 +89,7 @@ async def rate(
                 if issued >= limit:
                     window_end = begin  # the count bound reached: the window closes here
             sent += 1
-            fail = (issued if counted else sent) % FAIL_EVERY == 0
+            fail = fail_every > 0 and (issued if counted else sent) % fail_every == 0
             try:
                 async with session.post(url, data=FAILING if fail else HEALTHY, headers=HEADERS) as reply:
                     await reply.read()
@@ -122,7 +128,7 @@ async def rate(
 
 async def rate_commands(lifetime: float) -> None:
     """One window per line read from stdin, ``<port> <concurrency> <max requests> <seconds>
-    <warm-up seconds>``, one JSON line of results printed per window; keep-alive connections
+    <warm-up seconds> [<1 in N failing>]``, one JSON line of results printed per window; keep-alive connections
     are kept per server until the concurrency changes. Ends at end of input or ``lifetime``."""
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + lifetime
@@ -135,6 +141,7 @@ async def rate_commands(lifetime: float) -> None:
                 return
             port, concurrency, limit = map(int, line.split()[:3])
             seconds, warmup = map(float, line.split()[3:5])
+            fail_every = int(line.split()[5]) if len(line.split()) > 5 else FAIL_EVERY
             if concurrency != current:
                 for session in sessions.values():
                     await session.close()
@@ -142,7 +149,7 @@ async def rate_commands(lifetime: float) -> None:
             if port not in sessions:
                 connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, keepalive_timeout=3600)
                 sessions[port] = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120))
-            result = await rate(sessions[port], port, concurrency, limit, seconds, warmup)
+            result = await rate(sessions[port], port, concurrency, limit, seconds, warmup, fail_every)
             print(json.dumps(result), flush=True)
     finally:
         for session in sessions.values():

@@ -145,9 +145,12 @@ class LoadGenerator:
             preexec_fn=_child_setup(CLIENT_CPUS),
         )
 
-    def window(self, port: int, concurrency: int, limit: int, seconds: float, warmup: float) -> dict[str, Any]:
+    def window(
+        self, port: int, concurrency: int, limit: int, seconds: float, warmup: float, fail_every: int = 20
+    ) -> dict[str, Any]:
+        """One window of load; ``fail_every``: 1 request in N fails (1: all, 0: none)."""
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(f"{port} {concurrency} {limit} {seconds} {warmup}\n")
+        self.process.stdin.write(f"{port} {concurrency} {limit} {seconds} {warmup} {fail_every}\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         if not line:

@@ -5,7 +5,10 @@ frames both servers share, A beside B.
 
 py-spy must be installed (``pip install py-spy``; it is in the ``bench`` extra) and allowed to
 ptrace its siblings. Not part of ``make bench``: a profile is evidence, not a figure.
+With ``--variants ng_otel,minimum --fail-every 1`` it compares ng_otel with the hand-written
+minimum on failing requests only (``failing_path.py``'s difference).
 Run: .venv/bin/python bench/profile_path.py [seconds per server, default 20] [--out DIR]
+     [--variants plain,ng_otel] [--fail-every 20] [--concurrency 256]
 """
 
 from __future__ import annotations
@@ -112,28 +115,33 @@ def main() -> None:
     parser.add_argument("seconds", nargs="?", type=float, default=20)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--variants", default="plain,ng_otel", help="two of plain, ng_otel, minimum: base first")
+    parser.add_argument("--fail-every", type=int, default=20, help="1 request in N fails (1: all, 0: none)")
     args = parser.parse_args()
+    base, ours = args.variants.split(",")
     out = args.out or Path(tempfile.mkdtemp(prefix="ng-otel-profile-"))
     out.mkdir(parents=True, exist_ok=True)
     with otlp_sink() as (endpoint, _):
         env = telemetry_env("otlp", endpoint)
-        specs = {"plain": ("plain", env), "ng_otel": ("ng_otel", env)}
+        specs = {base: (base, env), ours: (ours, env)}
         with servers(specs) as running, load_generator() as generator:
             for name in running:  # warm up
-                generator.window(running[name].port, args.concurrency, 10**6, 2, 0.5)
+                generator.window(running[name].port, args.concurrency, 10**6, 2, 0.5, args.fail_every)
             for name in running:
                 profiler = record(running[name].pid, args.seconds, out / f"{name}.txt")
                 try:
-                    result = generator.window(running[name].port, args.concurrency, 10**7, args.seconds + 2, 0.5)
+                    seconds = args.seconds + 2
+                    port = running[name].port
+                    result = generator.window(port, args.concurrency, 10**7, seconds, 0.5, args.fail_every)
                 finally:
                     profiler.wait(timeout=args.seconds + 60)
                 print(f"{name}: {result['rps']:,.0f} req/s while sampled")
-    shares = {name: summarize(name, stacks(out / f"{name}.txt")) for name in ("plain", "ng_otel")}
-    print("inclusive share of the event loop's samples, A -> B, basis points, the 25 that grew most:")
-    keys = set(shares["plain"]) | set(shares["ng_otel"])
-    grown = sorted(keys, key=lambda k: shares["ng_otel"].get(k, 0) - shares["plain"].get(k, 0), reverse=True)
+    shares = {name: summarize(name, stacks(out / f"{name}.txt")) for name in (base, ours)}
+    print(f"inclusive share of the event loop's samples, {base} -> {ours}, basis points, the 25 that grew most:")
+    keys = set(shares[base]) | set(shares[ours])
+    grown = sorted(keys, key=lambda k: shares[ours].get(k, 0) - shares[base].get(k, 0), reverse=True)
     for key in grown[:25]:
-        print(f"    {shares['plain'].get(key, 0):5d} -> {shares['ng_otel'].get(key, 0):5d}  {key}")
+        print(f"    {shares[base].get(key, 0):5d} -> {shares[ours].get(key, 0):5d}  {key}")
     print(f"raw stacks: {out}")
 
 

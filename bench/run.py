@@ -13,7 +13,17 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["codec", "recorder", "client_context", "latency", "replay", "throughput", "memory", "summary"]
+BENCHMARKS = [
+    "codec",
+    "recorder",
+    "client_context",
+    "latency",
+    "replay",
+    "failing_path",
+    "throughput",
+    "memory",
+    "summary",
+]
 
 
 def run(name: str) -> tuple[int, list[str]]:

@@ -1,7 +1,10 @@
 """Throughput and tail latency where NeMo Gym runs: uvicorn on uvloop and httptools, many
 requests in flight, the same FastAPI app (OpenTelemetry tracing and metrics) plain (A), with
 ng_otel (B), and with ng_otel switched off (``NG_OTEL_ENABLED=0``), each server in its own
-process; ~2 KB JSON in and out, 5 % of requests failing with a three-event cause chain.
+process; ~2 KB JSON in and out, each request calling the app's model over aiohttp with the
+trace context (``_gym_app.py``), 5 % of requests failing the stock-Gym way: a retried attempt
+that found the model unreachable, the model's failure, and a three-event cause chain linked
+to the model's span.
 
 A load generator in its own process (aiohttp, keep-alive) drives one server at a time at
 concurrency 256 and 1,024; A, B and off alternate over several rounds, and every figure is a

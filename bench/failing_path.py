@@ -1,0 +1,189 @@
+"""What a failing request costs end to end at Gym's load: the server process's CPU time per
+failing reply (the event loop, recording, headers, the span processor and the OTLP exporter's
+thread, all of it: user plus system time of every thread, from /proc), for the throughput app
+(``_gym_app.py``) plain (A), with ng_otel (B), and with the hand-written minimum
+(``_gym_minimum.py``: the same events, links and reply headers with the bare SDK).
+
+A failing request, the stock-Gym way: the agent's ``/run`` calls its model over a keep-alive
+aiohttp session carrying the trace context; the first attempt finds the model unreachable (a
+recovered, retried attempt: one event on a short span), the second gets the model's failure
+(the callee's event, reply headers), and the agent raises its own two events from it (the
+caller's, one linked to the callee's span). Four events, three of them a chain with a cause
+link, OTLP/HTTP export on to ng_otel's receiver in its own process over a real socket.
+
+Each round runs a window of failing requests only, then one of healthy requests only, at
+concurrency 256, on each server in turn (the order reversed every round); after each window
+the span processor's queue is given time to drain, so its export is billed to that window.
+Every figure is a ratio of neighbours in one round: the median over rounds, the range in
+brackets. Then the failing request's p50 one at a time, the servers called alternately.
+
+Targets: failing-request CPU B / minimum <= 1.10; failing-request p50 B / minimum <= 1.05.
+Run: .venv/bin/python bench/failing_path.py [--rounds 7] [--seconds 2] [--requests 1500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _load import body
+from _procs import CLIENT_CPUS, cpu_seconds, load_generator, otlp_sink, servers
+from throughput import telemetry_env
+
+CONCURRENCY = 256
+WARMUP = 0.5
+DRAIN = 0.4  # seconds after a window for the span processor to export what it queued (delay 100 ms)
+VARIANTS = {"plain": "A", "ng_otel": "B", "minimum": "minimum"}
+
+
+def env(endpoint: str) -> dict[str, str]:
+    return {
+        **telemetry_env("otlp", endpoint),
+        "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within the window's drain
+        "OTEL_BSP_MAX_QUEUE_SIZE": "65536",  # nothing dropped: every span's export is paid for
+    }
+
+
+def span(values: list[float]) -> str:
+    return f"[{min(values):.3f}-{max(values):.3f}]"
+
+
+def cpu_rounds(running: dict[str, Any], rounds: int, seconds: float) -> list[dict[str, dict[str, float]]]:
+    """Per round: variant -> {"failing": CPU s per failing reply, "healthy": per healthy reply}."""
+    results = []
+    names = list(running)
+    with load_generator() as generator:
+        for index in range(rounds + 1):  # round 0 warms every server up, unrecorded
+            order = names if index % 2 == 0 else names[::-1]
+            round_: dict[str, dict[str, float]] = {name: {} for name in names}
+            for mix, fail_every in (("failing", 1), ("healthy", 0)):
+                for name in order:
+                    pid = running[name].pid
+                    before = cpu_seconds(pid)
+                    result = generator.window(running[name].port, CONCURRENCY, 10**6, seconds, WARMUP, fail_every)
+                    time.sleep(DRAIN)
+                    if result["errors"] or result["bad_status"]:
+                        raise RuntimeError(f"{name}: {result}")
+                    if mix == "failing" and name != "plain" and result["failing_with_report"] != result["failing"]:
+                        raise RuntimeError(f"{name}: a failing reply without its report: {result}")
+                    round_[name][mix] = (cpu_seconds(pid) - before) / result["replies"]
+                    round_[name][mix + "_rps"] = result["rps"]
+            if index:
+                results.append(round_)
+                print(
+                    f"  round {index}: failing "
+                    + ", ".join(f"{VARIANTS[n]} {round_[n]['failing'] * 1e6:.0f}" for n in names)
+                    + " us CPU/reply; healthy "
+                    + ", ".join(f"{VARIANTS[n]} {round_[n]['healthy'] * 1e6:.0f}" for n in names)
+                    + " us CPU/reply",
+                    flush=True,
+                )
+    return results
+
+
+class Client:
+    """A minimal keep-alive HTTP/1.1 client (the cost measured is the server's)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def post(self, payload: bytes) -> bytes:
+        head = f"POST /run HTTP/1.1\r\nHost: bench\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}"
+        head += "\r\n\r\n"
+        self.sock.sendall(head.encode() + payload)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += self.sock.recv(65536)
+        reply_head, _, rest = data.partition(b"\r\n\r\n")
+        length = int(reply_head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+        while len(rest) < length:
+            rest += self.sock.recv(65536)
+        return reply_head
+
+
+def p50s(running: dict[str, Any], requests: int) -> dict[str, float]:
+    """The failing request's p50, one at a time, every server taking every place equally often."""
+    os.sched_setaffinity(0, CLIENT_CPUS)
+    clients = {name: Client(server.port) for name, server in running.items()}
+    payload = body(7, True)
+    samples: dict[str, list[float]] = {name: [] for name in clients}
+    names = list(clients)
+    for index in range(requests + 100):
+        shift = index % len(names)
+        order = names[shift:] + names[:shift]
+        if (index // len(names)) % 2:
+            order.reverse()
+        for name in order:
+            start = time.perf_counter()
+            head = clients[name].post(payload)
+            elapsed = time.perf_counter() - start
+            if not head.startswith(b"HTTP/1.1 500"):
+                raise RuntimeError(f"{name}: {head[:40]!r}")
+            if index >= 100:
+                samples[name].append(elapsed)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> bool:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--requests", type=int, default=1500, help="failing requests per server for the p50")
+    args = parser.parse_args(argv)
+    print(
+        f"failing path: uvicorn --loop uvloop --http httptools, concurrency {CONCURRENCY}, "
+        f"{args.rounds} rounds of {args.seconds:g} s failing and {args.seconds:g} s healthy per server, "
+        "OTLP/HTTP to a receiver in its own process",
+        flush=True,
+    )
+    with otlp_sink() as (endpoint, _), servers({name: (name, env(endpoint)) for name in VARIANTS}) as running:
+        rounds = cpu_rounds(running, args.rounds, args.seconds)
+        latency = p50s(running, args.requests)
+
+    def per(name: str, mix: str) -> float:
+        return statistics.median(r[name][mix] for r in rounds)
+
+    ratio = [r["ng_otel"]["failing"] / r["minimum"]["failing"] for r in rounds]
+    extra = [
+        (r["ng_otel"]["failing"] - r["plain"]["failing"]) / (r["minimum"]["failing"] - r["plain"]["failing"])
+        for r in rounds
+    ]
+    healthy = [r["ng_otel"]["healthy"] / r["plain"]["healthy"] for r in rounds]
+    healthy_min = [r["minimum"]["healthy"] / r["plain"]["healthy"] for r in rounds]
+    print(
+        f"CPU per failing reply (medians): A {per('plain', 'failing') * 1e6:.0f} us, "
+        f"minimum {per('minimum', 'failing') * 1e6:.0f} us, B {per('ng_otel', 'failing') * 1e6:.0f} us; "
+        f"per healthy reply: A {per('plain', 'healthy') * 1e6:.0f} us, minimum "
+        f"{per('minimum', 'healthy') * 1e6:.0f} us, B {per('ng_otel', 'healthy') * 1e6:.0f} us"
+    )
+    met = statistics.median(ratio) <= 1.10
+    print(
+        f"failing-request CPU B / minimum: {statistics.median(ratio):.3f} {span(ratio)} "
+        f"(target <= 1.10) {'ok' if met else 'OVER TARGET'}"
+    )
+    print(
+        f"  for scale: B's CPU above A's per failing reply / the minimum's above A's: "
+        f"{statistics.median(extra):.2f} {span(extra)}; healthy reply CPU B/A {statistics.median(healthy):.3f} "
+        f"{span(healthy)}, minimum/A {statistics.median(healthy_min):.3f} {span(healthy_min)}"
+    )
+    chain = latency["ng_otel"] / latency["minimum"]
+    p50_met = chain <= 1.05
+    print(
+        f"failing-request p50 one at a time, B / minimum: {latency['ng_otel'] * 1e6:.0f} us vs "
+        f"{latency['minimum'] * 1e6:.0f} us -> {chain:.3f} (target <= 1.05) {'ok' if p50_met else 'OVER TARGET'}; "
+        f"A {latency['plain'] * 1e6:.0f} us"
+    )
+    return met and p50_met
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
