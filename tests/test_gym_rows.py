@@ -169,15 +169,14 @@ def test_gym_mains_saved_report_wins_and_rows_without_failures_have_none():
     assert row_report({"_ng_task_index": 1, "reward": 1.0}) is None
 
 
-@pytest.mark.e2e
-def test_show_draws_both_formats_from_one_file(tmp_path, ng_otel_cli):
+def test_show_draws_both_formats_from_one_file(tmp_path, cli):
     try:
         raise NgFailureEvent("transport_timeout", "model timed out", boundary="model")
     except NgFailureEvent as error:
         saved = {"scenario": "new-format", **report_row(failure_report_for(error), contexts={})}
     rows = tmp_path / "rows_failures.jsonl"
     rows.write_text("\n".join(json.dumps(row) for row in (AGENT_REQUEST_FAILED, ENVIRONMENT_FAILED, JUDGE_ROW, saved)))
-    done = ng_otel_cli("show", str(rows))
+    done = cli("show", str(rows))
     assert done.returncode == 0, done.stderr
     assert "4 failure chain group(s) shown" in done.stdout
     for expected in (
@@ -193,7 +192,7 @@ def test_show_draws_both_formats_from_one_file(tmp_path, ng_otel_cli):
 
 
 @pytest.mark.e2e
-def test_replay_exports_one_event_per_gym_failure_row_and_is_idempotent_by_id(tmp_path, otlp, ng_otel_cli):
+def test_replay_exports_one_event_per_gym_failure_row_and_is_idempotent_by_id(tmp_path, otlp, ng_otel_process):
     rows = tmp_path / "rollouts_failures.jsonl"
     rows.write_text("\n".join(json.dumps(row) for row in (AGENT_REQUEST_FAILED, AGENT_RUN_ERROR, JUDGE_ROW)) + "\n")
     environment = {
@@ -201,7 +200,7 @@ def test_replay_exports_one_event_per_gym_failure_row_and_is_idempotent_by_id(tm
         "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
         "OTEL_METRICS_EXPORTER": "none",
     }
-    done = ng_otel_cli("replay", str(rows), env=environment)
+    done = ng_otel_process("replay", str(rows), env=environment)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 with failures, 3 events exported" in done.stdout
     assert otlp.wait_for(lambda: len(otlp.failure_events()) == 3)

@@ -51,11 +51,11 @@ def chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProce
 
 @pytest.mark.e2e
 @needs_chromium
-def test_report_renders_in_headless_chromium_offline_with_every_chart_drawn(tmp_path, ng_otel_cli):
+def test_report_renders_in_headless_chromium_offline_with_every_chart_drawn(tmp_path, cli):
     rows = tmp_path / "rows.jsonl"
     mixed_rows.write_mixed_rows(rows, 2_000, bad_every=600)
     page = tmp_path / "report.html"
-    done = ng_otel_cli("report", str(rows), "-o", str(page))
+    done = cli("report", str(rows), "-o", str(page))
     assert done.returncode == 0, done.stdout + done.stderr
     text = page.read_text()
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", text), "the page loads nothing from outside"

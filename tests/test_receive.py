@@ -44,6 +44,7 @@ from ng_otel.contract import NgFailureEvent, failure_report_for
 from ng_otel.gym.collection import report_row
 from ng_otel.otel import names
 from ng_otel.runs.chains import FailureGroup
+from tests.conftest import NG_OTEL_COMMAND, user_environment
 
 TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MiB = 1024 * 1024
@@ -549,16 +550,16 @@ class Running:
 
 
 @pytest.fixture
-def receive(installed, tmp_path):
+def receive(tmp_path):
     started: list[subprocess.Popen] = []
 
     def start(*args: str) -> Running:
         process = subprocess.Popen(
-            [installed.bin("ng-otel"), "receive", "--grpc-port", "0", "--http-port", "0", *args],
+            [*NG_OTEL_COMMAND, "receive", "--grpc-port", "0", "--http-port", "0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=installed.env(),
+            env=user_environment(),
             cwd=tmp_path,
         )
         started.append(process)
@@ -581,7 +582,7 @@ def saved_chain() -> str:
 @pytest.mark.e2e
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_receive_prints_each_chain_as_it_arrives_writes_what_show_reads_and_stops_cleanly(
-    receive, ng_otel_cli, tmp_path, stop
+    receive, ng_otel_process, cli, tmp_path, stop
 ):
     out = tmp_path / "received.jsonl"
     running = receive("--out", str(out))
@@ -590,7 +591,7 @@ def test_receive_prints_each_chain_as_it_arrives_writes_what_show_reads_and_stop
     suggested = running.wait_for_line("point your servers at it: ").split("OTEL_EXPORTER_OTLP_ENDPOINT=")[1]
     rows = tmp_path / "rows.jsonl"
     rows.write_text(saved_chain())
-    sent = ng_otel_cli("replay", str(rows), env={"OTEL_EXPORTER_OTLP_ENDPOINT": suggested.split()[0]})
+    sent = ng_otel_process("replay", str(rows), env={"OTEL_EXPORTER_OTLP_ENDPOINT": suggested.split()[0]})
     assert sent.returncode == 0, sent.stdout + sent.stderr
     running.wait_for_line("└── agent_run_error  agent · ng-otel-replay")
     running.wait_for_line("gave up [/red]")  # hostile text printed as it is, never as markup
@@ -601,7 +602,7 @@ def test_receive_prints_each_chain_as_it_arrives_writes_what_show_reads_and_stop
     assert "received " in closing and "2 failure events" in closing and "Traceback" not in closing
     lines = [json.loads(line) for line in out.read_text().splitlines()]  # flushed, each line whole
     assert any("resourceSpans" in line for line in lines)
-    shown = ng_otel_cli("show", str(out))
+    shown = cli("show", str(out))
     assert shown.returncode == 0
     assert "agent_run_error  agent" in shown.stdout and "transport_timeout  model" in shown.stdout
 
@@ -706,16 +707,16 @@ def test_the_receivers_memory_is_bounded_whatever_clients_send_within_its_limits
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("which", ["--grpc-port", "--http-port"])
-def test_receive_says_so_when_a_port_is_taken(installed, tmp_path, which):
+def test_receive_says_so_when_a_port_is_taken(tmp_path, which):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         other = "--http-port" if which == "--grpc-port" else "--grpc-port"
         done = subprocess.run(
-            [installed.bin("ng-otel"), "receive", which, str(taken.getsockname()[1]), other, "0"],
+            [*NG_OTEL_COMMAND, "receive", which, str(taken.getsockname()[1]), other, "0"],
             capture_output=True,
             text=True,
-            env=installed.env(),
+            env=user_environment(),
             cwd=tmp_path,
             timeout=60,
         )
