@@ -3,6 +3,7 @@ import re
 
 import cloudpickle
 import pytest
+from inline_snapshot import Is, snapshot
 
 from ng_otel.contract.events import (
     MAX_REASON_CHARS,
@@ -28,12 +29,14 @@ def test_event_id_is_assigned_at_construction_as_32_lowercase_hex():
 
 def test_record_leaves_out_absent_evidence():
     event = NgFailureEvent("judge_failed", "judge down", boundary="resources_server")
-    assert event.to_record() == {
-        "event_id": event.event_id,
-        "boundary": "resources_server",
-        "failure_kind": "judge_failed",
-        "failure_reason": "judge down",
-    }
+    assert event.to_record() == snapshot(
+        {
+            "event_id": Is(event.event_id),
+            "boundary": "resources_server",
+            "failure_kind": "judge_failed",
+            "failure_reason": "judge down",
+        }
+    )
 
 
 def test_full_record_round_trips():
@@ -252,14 +255,16 @@ def test_their_event_is_our_cause_and_its_cause_is_the_next_gym_event_in_the_cha
     assert top.cause_id == "their-1" and top.cause is theirs
     records = gym_chain_records(top)
     assert [r["event_id"] for r in records] == [top.event_id, "their-1", bottom.event_id]
-    assert records[1] == {
-        "event_id": "their-1",
-        "boundary": "resources_server",
-        "failure_kind": "judge_failed",
-        "failure_reason": "judge down",
-        "cause_id": bottom.event_id,
-        "foreign_error": {"type": "tests.conftest.SdkError", "message": "overloaded", "http_status": 503},
-    }
+    assert records[1] == snapshot(
+        {
+            "event_id": "their-1",
+            "boundary": "resources_server",
+            "failure_kind": "judge_failed",
+            "failure_reason": "judge down",
+            "cause_id": Is(bottom.event_id),
+            "foreign_error": {"type": "tests.conftest.SdkError", "message": "overloaded", "http_status": 503},
+        }
+    )
 
 
 @pytest.mark.parametrize(

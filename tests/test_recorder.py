@@ -1,6 +1,7 @@
 import logging
 
 import pytest
+from inline_snapshot import Is, snapshot
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -23,89 +24,92 @@ def test_three_level_chain_in_one_span_exports_events_and_error_status_without_s
         with telemetry.tracer.start_as_current_span("POST /run"):
             record_failure(top)
     (span,) = telemetry.spans()
-    ctx = {"trace_id": 1, "span_id": 1}
-    assert span == {
-        "name": "POST /run",
-        "context": ctx,
-        "parent": None,
-        "status": "ERROR",
-        "attributes": {"error.type": "agent_run_error"},
-        "events": [
-            {
-                "name": "ng.failure",
-                "attributes": {
-                    "ng.failure.id": model.event_id,
-                    "ng.failure.boundary": "model",
-                    "ng.failure.kind": "transport_timeout",
-                    "ng.failure.reason": "model timed out",
-                    "ng.failure.recovered": False,
-                    "ng.failure.class": "infra",
-                    "http.response.status_code": 504,
-                    "ng.failure.operation": "chat_completions",
+    assert span == snapshot(
+        {
+            "name": "POST /run",
+            "context": {"trace_id": 1, "span_id": 1},
+            "parent": None,
+            "status": "ERROR",
+            "attributes": {"error.type": "agent_run_error"},
+            "events": [
+                {
+                    "name": "ng.failure",
+                    "attributes": {
+                        "ng.failure.id": Is(model.event_id),
+                        "ng.failure.boundary": "model",
+                        "ng.failure.kind": "transport_timeout",
+                        "ng.failure.reason": "model timed out",
+                        "ng.failure.recovered": False,
+                        "ng.failure.class": "infra",
+                        "http.response.status_code": 504,
+                        "ng.failure.operation": "chat_completions",
+                    },
                 },
-            },
-            {
-                "name": "ng.failure",
-                "attributes": {
-                    "ng.failure.id": harness.event_id,
-                    "ng.failure.boundary": "harness",
-                    "ng.failure.kind": "agent_run_error",
-                    "ng.failure.reason": "harness gave up",
-                    "ng.failure.recovered": False,
-                    "ng.failure.class": "data",
-                    "ng.failure.cause_id": model.event_id,
-                    "ng.failure.stage": "agent",
+                {
+                    "name": "ng.failure",
+                    "attributes": {
+                        "ng.failure.id": Is(harness.event_id),
+                        "ng.failure.boundary": "harness",
+                        "ng.failure.kind": "agent_run_error",
+                        "ng.failure.reason": "harness gave up",
+                        "ng.failure.recovered": False,
+                        "ng.failure.class": "data",
+                        "ng.failure.cause_id": Is(model.event_id),
+                        "ng.failure.stage": "agent",
+                    },
                 },
-            },
+                {
+                    "name": "ng.failure",
+                    "attributes": {
+                        "ng.failure.id": Is(top.event_id),
+                        "ng.failure.boundary": "agent",
+                        "ng.failure.kind": "agent_run_error",
+                        "ng.failure.reason": "run failed",
+                        "ng.failure.recovered": False,
+                        "ng.failure.class": "infra",
+                        "ng.failure.cause_id": Is(harness.event_id),
+                        "ng.failure.stage": "agent",
+                        "http.response.status_code": 500,
+                    },
+                },
+            ],
+            "links": [],  # every cause is on this same span: ng.failure.cause_id says so
+        }
+    )
+    assert telemetry.chain() == ["agent_run_error", "agent_run_error", "transport_timeout"]
+    assert telemetry.metric_points() == snapshot(
+        [
             {
-                "name": "ng.failure",
                 "attributes": {
-                    "ng.failure.id": top.event_id,
                     "ng.failure.boundary": "agent",
                     "ng.failure.kind": "agent_run_error",
-                    "ng.failure.reason": "run failed",
                     "ng.failure.recovered": False,
                     "ng.failure.class": "infra",
-                    "ng.failure.cause_id": harness.event_id,
                     "ng.failure.stage": "agent",
-                    "http.response.status_code": 500,
                 },
+                "value": 1,
             },
-        ],
-        "links": [],  # every cause is on this same span: ng.failure.cause_id says so
-    }
-    assert telemetry.chain() == ["agent_run_error", "agent_run_error", "transport_timeout"]
-    assert telemetry.metric_points() == [
-        {
-            "attributes": {
-                "ng.failure.boundary": "agent",
-                "ng.failure.kind": "agent_run_error",
-                "ng.failure.recovered": False,
-                "ng.failure.class": "infra",
-                "ng.failure.stage": "agent",
+            {
+                "attributes": {
+                    "ng.failure.boundary": "harness",
+                    "ng.failure.kind": "agent_run_error",
+                    "ng.failure.recovered": False,
+                    "ng.failure.class": "data",
+                    "ng.failure.stage": "agent",
+                },
+                "value": 1,
             },
-            "value": 1,
-        },
-        {
-            "attributes": {
-                "ng.failure.boundary": "harness",
-                "ng.failure.kind": "agent_run_error",
-                "ng.failure.recovered": False,
-                "ng.failure.class": "data",
-                "ng.failure.stage": "agent",
+            {
+                "attributes": {
+                    "ng.failure.boundary": "model",
+                    "ng.failure.kind": "transport_timeout",
+                    "ng.failure.recovered": False,
+                    "ng.failure.class": "infra",
+                },
+                "value": 1,
             },
-            "value": 1,
-        },
-        {
-            "attributes": {
-                "ng.failure.boundary": "model",
-                "ng.failure.kind": "transport_timeout",
-                "ng.failure.recovered": False,
-                "ng.failure.class": "infra",
-            },
-            "value": 1,
-        },
-    ]
+        ]
+    )
 
 
 def test_metric_attributes_are_only_the_bounded_ones():
