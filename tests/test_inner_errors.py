@@ -90,9 +90,10 @@ def failure_row(body: str | None, **extra) -> dict:
 
 
 def outer_record(row: dict) -> dict:
+    """Collection's own record of the row, as rows builds it before its body's chain."""
     report = row_report(row)
     assert report is not None
-    return dict(report.events[report.failure_id])
+    return {key: value for key, value in report.events[report.failure_id].items() if key != "cause_id"}
 
 
 # -- reading the body ------------------------------------------------------------------------

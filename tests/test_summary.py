@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from ng_otel.contract.report import FailureReport
 from ng_otel.otel.recorder import FailureRecorder
 from ng_otel.runs.inputs import SkippedLine, read_json_lines
+from ng_otel.runs.summary import SUMMARY_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("_mixed_rows", ROOT / "bench" / "_mixed_rows.py")
@@ -105,24 +106,22 @@ def test_reader_says_why_a_line_is_not_a_row():
 # -- rows of both formats ------------------------------------------------------------------
 
 
+def generated(got: dict) -> dict:
+    """The figures ``mixed_rows.write_mixed_rows`` computes, of a summary's JSON."""
+    keys = ("rows", "failed_rows", "events", "by_kind", "by_boundary", "by_class", "root_kinds", "masked", "skipped")
+    return {key: got[key] for key in keys}
+
+
 @pytest.mark.e2e
 def test_summary_json_gives_exactly_the_counts_the_generator_wrote(tmp_path, ng_otel_cli):
     path = tmp_path / "rows.jsonl"
     expected = mixed_rows.write_mixed_rows(path, 3_000, bad_every=700)
     assert expected["skipped"] == 4 and expected["events"] > expected["rows"]
     got = summary_json(ng_otel_cli, path)
-    assert list(got) == [
-        "rows",
-        "failed_rows",
-        "events",
-        "by_kind",
-        "by_boundary",
-        "by_class",
-        "root_kinds",
-        "masked",
-        "skipped",
-    ]
-    assert got == expected
+    assert list(got) == list(SUMMARY_KEYS)
+    assert generated(got) == expected
+    assert got["by_server"] == {"(unnamed)": expected["events"]}  # no row here names its servers
+    assert sum(root["count"] for root in got["root_causes"]) == expected["failed_rows"]
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(path.read_bytes())
     twice = summary_json(ng_otel_cli, path, copy)  # several files: one summary
@@ -234,8 +233,9 @@ def test_summary_reads_otlp_json_lines_and_follows_a_cause_into_another_trace(tm
     path = tmp_path / "telemetry.jsonl"
     otlp_lines(otlp, path)
     got = summary_json(ng_otel_cli, path)
-    assert got == {
-        "rows": 3,  # traces
+    assert {key: got[key] for key in generated(got)} | {"traces": got["traces"]} == {
+        "rows": 0,  # OTLP JSON lines hold traces, not rows
+        "traces": 3,
         "failed_rows": 1,  # the agent's failure; the model's is its cause, the retry recovered
         "events": 3,
         "by_kind": {"transport_timeout": 1, "agent_run_error": 1, "transport_peer_drop": 1},
@@ -335,8 +335,8 @@ def test_a_long_read_shows_a_progress_bar_on_a_terminal_and_nothing_on_a_pipe(tm
     expected = mixed_rows.write_mixed_rows(path, 3_000)  # ~3 MiB: the bar moves on each MiB read
     monkeypatch.setattr(_progress, "PROGRESS_AFTER", 0.0)  # the time itself is under test: "over a second" is now
     terminal, pipe = io.StringIO(), io.StringIO()
-    assert summarise([path], Console(file=terminal, force_terminal=True, width=100)).to_json() == expected
-    assert summarise([path], Console(file=pipe, force_terminal=False, width=100)).to_json() == expected
+    assert generated(summarise([path], Console(file=terminal, force_terminal=True, width=100)).to_json()) == expected
+    assert generated(summarise([path], Console(file=pipe, force_terminal=False, width=100)).to_json()) == expected
     assert "summarising rows.jsonl" in terminal.getvalue() and "%" in terminal.getvalue()
     assert pipe.getvalue() == ""
     monkeypatch.setattr(_progress, "PROGRESS_AFTER", 3600.0)  # a read shorter than the wait: no bar
@@ -404,7 +404,7 @@ def test_otlp_causes_that_loop_are_one_failed_row_a_loop_never_none(tmp_path):
     ]
     path.write_bytes(b"\n".join(lines) + b"\n")
     got = summarise([path]).to_json()
-    assert (got["rows"], got["events"], got["failed_rows"], got["skipped"]) == (4, 6, 3, 0)
+    assert (got["traces"], got["events"], got["failed_rows"], got["skipped"]) == (4, 6, 3, 0)
     assert sum(got["root_kinds"].values()) == 3
     # The chain entering the loop from e4 is followed until it comes back round, and ends there.
     assert got["root_kinds"]["transport_peer_drop"] == 1
@@ -422,8 +422,8 @@ def test_log_records_outside_spans_count_their_traces_as_rows_in_summary_and_sho
     path = tmp_path / "logs.jsonl"
     path.write_bytes(orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": logs}]}]}) + b"\n")
     got = summarise([path]).to_json()
-    # Two traces, and one record outside any trace: three rows for four failures, none a cause.
-    assert (got["rows"], got["events"], got["failed_rows"]) == (3, 4, 4)
+    # Two traces, and one record outside any trace: three traces for four failures, none a cause.
+    assert (got["rows"], got["traces"], got["events"], got["failed_rows"]) == (0, 3, 4, 4)
     # show draws the same rows: a tree a trace, and one for the record outside any trace
     titles = [group.title for group in groups_from_lines(scan_file(path))]
     assert titles == [f"trace {'a' * 32}", f"trace {'b' * 32}", "trace (none: event e3)"]
@@ -445,7 +445,7 @@ def test_a_file_named_twice_is_summarised_once(tmp_path):
     path = tmp_path / "rows.jsonl"
     expected = mixed_rows.write_mixed_rows(path, 40)
     (tmp_path / "link.jsonl").symlink_to(path)  # the same file under another name, as a glob may give
-    assert summarise([path, path, tmp_path / "link.jsonl"]).to_json() == expected
+    assert generated(summarise([path, path, tmp_path / "link.jsonl"]).to_json()) == expected
 
 
 def test_the_first_json_line_decides_the_format_and_a_line_of_the_other_is_skipped(tmp_path):
@@ -457,7 +457,7 @@ def test_the_first_json_line_decides_the_format_and_a_line_of_the_other_is_skipp
     otlp_first = tmp_path / "otlp.jsonl"
     otlp_first.write_bytes(b"not json\n" + otlp_line + b"\n" + row_line + b"\n")
     got = summarise([otlp_first])
-    assert (got.rows, got.events, got.skipped) == (1, 1, 2)  # a skipped first line decides nothing
+    assert (got.traces, got.events, got.skipped) == (1, 1, 2)  # a skipped first line decides nothing
     assert [line.reason for _, line in got.skipped_lines][1] == ROW_AMONG_OTLP_LINES
     rows_first = tmp_path / "rows.jsonl"
     rows_first.write_bytes(row_line + b"\n" + otlp_line + b"\n")
@@ -506,8 +506,8 @@ def test_an_odd_first_line_decides_nothing_and_odd_times_and_trace_ids_are_none(
     path = tmp_path / "odd.jsonl"
     path.write_bytes(b"[1, 2]\n" + otlp_line + b"\n")
     got = summarise([path])
-    # The list decides nothing; two events outside any trace (no trace named "None"): two rows.
-    assert (got.rows, got.events, got.failed_rows, got.skipped) == (2, 2, 2, 1)
+    # The list decides nothing; two events outside any trace (no trace named "None"): two traces.
+    assert (got.traces, got.events, got.failed_rows, got.skipped) == (2, 2, 2, 1)
     assert got.skipped_lines[0][1].reason == UNDECIDED_NOT_AN_OBJECT and not got.over_time
     titles = [item.title for item in groups_from_lines(scan_file(path)) if not isinstance(item, SkippedLine)]
     assert titles == ["trace (none: event e1)", "trace (none: event e2)"]

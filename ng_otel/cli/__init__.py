@@ -24,6 +24,7 @@ from ng_otel.cli._exit import EXIT_FAILED, EXIT_OK, EXIT_USAGE, usage_error
 from ng_otel.contract import kinds as kinds_module
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main", "usage_error"]
+MIN_VALID_HELP = "list prompt groups with fewer valid (measured, unmasked) rollouts than K (default 2)"
 READS_FILES = frozenset({"show", "summary", "report", "kinds"})  # they show every kind a file holds
 
 
@@ -57,10 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = commands.add_parser("summary", help="what failed, where and why, in rows or OTLP JSON lines")
     summary.add_argument("files", type=Path, nargs="+", metavar="FILE")
     summary.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    summary.add_argument("--min-valid", type=_at_least_zero, default=2, metavar="K", help=MIN_VALID_HELP)
     summary.set_defaults(handler="ng_otel.cli.summary:summary_command")
     report = commands.add_parser("report", help="the summary as one self-contained HTML page")
     report.add_argument("files", type=Path, nargs="+", metavar="FILE")
     report.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="default: report.html")
+    report.add_argument("--min-valid", type=_at_least_zero, default=2, metavar="K", help=MIN_VALID_HELP)
     report.set_defaults(handler="ng_otel.cli.report:report_command")
     doctor = commands.add_parser(
         "doctor", help="what ng_otel would do here: settings, providers, exporters (exit 1: nowhere)"

@@ -23,7 +23,8 @@ from ng_otel.cli._exit import usage_error
 from ng_otel.cli._text import printable
 from ng_otel.cli.summary import summarise_files
 from ng_otel.otel import names
-from ng_otel.runs.summary import NO_STAGE, Chain, Summary
+from ng_otel.runs.coverage import ACCOUNT_KEYS
+from ng_otel.runs.summary import NO_SERVER, NO_STAGE, Chain, Summary
 
 TOP_CHAINS: Final = 10
 MAX_BARS: Final = 40  # kinds on one axis; the rest are summed as `_other`
@@ -43,7 +44,7 @@ def report_command(args: Any, console: Console) -> int:
     problem = report_problem(args.output, args.files)
     if problem is not None:
         return usage_error(problem)
-    return write_report(summarise_files(args.files, console), args.output, console)
+    return write_report(summarise_files(args.files, console, args.min_valid), args.output, console)
 
 
 def write_report(summary: Summary, output: Path, console: Console) -> int:
@@ -159,21 +160,22 @@ def charts_of(summary: Summary) -> dict[str, dict[str, Any]]:
             ],
             "layout": {"margin": {"l": 220}},
         }
-    if s.rows:
+    whole, of = (s.rows, "rows") if s.rows else (s.verify_outcomes or 0, "verify outcomes")
+    if whole:
         charts["masked"] = {
-            "title": "Masked share of rows",
+            "title": f"Masked share of {of}",
             "data": [
                 {
                     "type": "pie",
                     "hole": 0.45,
                     "labels": ["masked", "not masked"],
-                    "values": [s.masked, max(0, s.rows - s.masked)],
+                    "values": [s.masked, max(0, whole - s.masked)],
                     "sort": False,
                 }
             ],
             "layout": {},
         }
-    times = [(when, s.over_time[minute]) for minute in sorted(s.over_time) if (when := _minute_text(minute))]
+    times = [(when, count) for minute, count in _every_minute(s.over_time) if (when := _minute_text(minute))]
     if len(times) > 1:
         charts["over-time"] = {
             "title": "Failures over the run (per minute)",
@@ -193,6 +195,16 @@ def charts_of(summary: Summary) -> dict[str, dict[str, Any]]:
 
 
 _EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+MAX_MINUTES_DRAWN: Final = 10_080  # a week of minutes: past it, only the minutes with failures are drawn
+
+
+def _every_minute(over_time: Any) -> list[tuple[Any, int]]:
+    """Each minute from the first failure to the last, a quiet one as zero, so the line does
+    not join two failing minutes as if failures kept going between them."""
+    minutes = sorted(minute for minute in over_time if isinstance(minute, int))
+    if not minutes or minutes[-1] - minutes[0] >= MAX_MINUTES_DRAWN:
+        return [(minute, over_time[minute]) for minute in minutes]
+    return [(minute, over_time.get(minute, 0)) for minute in range(minutes[0], minutes[-1] + 1)]
 
 
 def _minute_text(minute: Any) -> str | None:
@@ -209,10 +221,60 @@ def _minute_text(minute: Any) -> str | None:
 def _chain_html(chain: Chain, count: int, failed: int) -> str:
     share = f"{100 * count / failed:.1f}%" if failed else ""
     nested = ""
-    for kind, boundary in reversed(chain):  # built from the root up: each cause inside its effect
-        node = f'<span class="kind">{html.escape(kind)}</span> <span class="boundary">{html.escape(boundary)}</span>'
+    for kind, boundary, server in reversed(chain):  # built from the root up: each cause inside its effect
+        where = boundary if server == NO_SERVER else f"{boundary} · {server}"
+        node = f'<span class="kind">{html.escape(kind)}</span> <span class="boundary">{html.escape(where)}</span>'
         nested = f"<li>{node}{f'<ul>{nested}</ul>' if nested else ''}</li>"
     return f'<div class="chain"><div class="count">{count:,} rows · {share}</div><ul class="tree">{nested}</ul></div>'
+
+
+def _root_causes_html(summary: Summary) -> str:
+    rows = "".join(
+        f'<tr><td class="kind">{html.escape(kind)}</td><td>{html.escape(server)}</td>'
+        f"<td>{html.escape(reason)}</td><td>{count:,}</td></tr>"
+        for (kind, server, reason), count in summary.top_root_causes(TOP_CHAINS)
+    )
+    if not rows:
+        return ""
+    return f"<table><tr><th>root kind</th><th>server</th><th>reason</th><th>failed rows</th></tr>{rows}</table>"
+
+
+def _coverage_html(summary: Summary) -> str:
+    coverage = summary.coverage_total()
+    if coverage is None:
+        return ""
+    head = "".join(f"<th>{key}</th>" for key in ACCOUNT_KEYS)
+
+    def row(name: str, account: dict[str, int | None]) -> str:
+        cells = "".join(f"<td>{'-' if account[key] is None else f'{account[key]:,}'}</td>" for key in ACCOUNT_KEYS)
+        return f"<tr><td>{html.escape(name)}</td>{cells}</tr>"
+
+    body = "".join(row(agent, account) for agent, account in coverage["coverage_by_agent"].items())
+    body += row("total", coverage["coverage"])
+    unknown = coverage["unknown_rollouts"]
+    if unknown is None:
+        missing = "<p>No materialized inputs beside the rows: expected and unknown are not known.</p>"
+    else:
+        listed = "".join(
+            f"<li>{html.escape(str(item['run']))}: task {html.escape(str(item['task_index']))} rollout "
+            f"{html.escape(str(item['rollout_index']))}</li>"
+            for item in unknown
+        )
+        missing = f"<p>{coverage['unknown_count']:,} rollout(s) never finished</p><ul>{listed}</ul>" if listed else ""
+    groups = "".join(
+        f"<li>task {html.escape(str(group['task_index']))}: {group['valid']} valid of {group['size']}</li>"
+        for group in coverage["groups_below_min_valid"]
+    )
+    short = (
+        f"<p>{coverage['groups_below_count']:,} prompt group(s) with fewer than {coverage['min_valid']} valid "
+        f"(measured, unmasked) members</p><ul>{groups}</ul>"
+        if groups
+        else ""
+    )
+    return (
+        "<h2>Coverage: expected = measured + masked + failed + omitted + unknown</h2>"
+        f"<table><tr><th>agent</th>{head}</tr>{body}</table>{missing}{short}"
+    )
 
 
 _STYLE = """
@@ -227,6 +289,7 @@ ul.tree li { position: relative; padding: .15em 0; }
 ul.tree li::before { content: "\\2514\\2500 "; position: absolute; left: -1.4em; color: #999; }
 .kind { font-weight: 600; } .boundary { color: #666; font-size: .9em; }
 footer { margin-top: 3em; color: #777; font-size: .85em; }
+table { border-collapse: collapse; } th, td { text-align: left; padding: .2em .8em; border-bottom: 1px solid #ddd; }
 """
 
 _DRAW = """
@@ -248,8 +311,9 @@ def render_page(summary: Summary, script: str) -> str:
     s = summary
     charts = charts_of(s)
     figures = [
-        ("rows", s.rows),
-        ("failed rows", s.failed_rows),
+        *([("rows", s.rows)] if s.rows or not s.traces else []),
+        *([("traces", s.traces)] if s.traces else []),
+        ("failed rows" if s.rows or not s.traces else "failure chains", s.failed_rows),
         ("failure events", s.events),
         ("masked", s.masked),
         ("skipped lines", s.skipped),
@@ -261,6 +325,8 @@ def render_page(summary: Summary, script: str) -> str:
         if chart_id in charts
     )
     chains = "".join(_chain_html(chain, count, s.failed_rows) for chain, count in s.top_chains(TOP_CHAINS))
+    roots = _root_causes_html(s)
+    coverage = _coverage_html(s)
     files = "".join(f"<li>{html.escape(path)}</li>" for path in s.files)
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -274,6 +340,9 @@ def render_page(summary: Summary, script: str) -> str:
 <h1>What failed, where, and why</h1>
 <div class="figures">{"".join(f'<div class="figure"><b>{n:,}</b>{label}</div>' for label, n in figures)}</div>
 <div class="charts">{chart_divs}</div>
+<h2>Root causes (kind, server, reason), ranked</h2>
+{roots or "<p>No failed rows.</p>"}
+{coverage}
 <h2>Most frequent chains (effect at the top, each child its cause)</h2>
 {chains or "<p>No failed rows.</p>"}
 <footer>ng-otel report of<ul>{files}</ul></footer>

@@ -79,6 +79,7 @@ SERVER_BOUNDARIES: Final = frozenset({"model", "agent", "resources_server", "env
 NO_INNER_REASON: Final = "the innermost server's reply held no text"
 
 # Row keys this module reads beside rows.py's (Gym 0.7.0's global_config.py names them).
+ROW_FAILURE_RESPONSE_BODY: Final = "_ng_failure_response_body"  # the failed reply's body, as collection kept it
 ROW_AGENT_REF: Final = "agent_ref"
 ROW_ENVIRONMENT_SERVER: Final = "_ng_environment_server"
 
@@ -400,9 +401,14 @@ def row_chain_records(row: Mapping[str, Any], outer: Mapping[str, Any]) -> Chain
     collection) caused by each server its ``_ng_failure_response_body`` names. A row whose
     body names none (most: a judge row, a refused connection) is ``outer`` alone, read
     without parsing."""
-    from ng_otel.contract.rows import ROW_FAILURE_RESPONSE_BODY  # rows may import this module
-
-    body = row.get(ROW_FAILURE_RESPONSE_BODY)
-    if not isinstance(body, str) or not body[:_LOOKAHEAD_CHARS].lstrip().lstrip('"').startswith(HOP_PREFIX):
+    if not body_names_servers(row):
         return ChainRecords((dict(outer),), (None,))
+    body = row[ROW_FAILURE_RESPONSE_BODY]
     return chain_records(outer, parse_inner_error(body, server_boundaries=row_server_boundaries(row)))
+
+
+def body_names_servers(row: Mapping[str, Any]) -> bool:
+    """Whether a 0.7.0 row's ``_ng_failure_response_body`` starts the way Gym's nested bodies
+    do (a look at its first characters: what lets a reader skip the rest cheaply)."""
+    body = row.get(ROW_FAILURE_RESPONSE_BODY)
+    return isinstance(body, str) and body[:_LOOKAHEAD_CHARS].lstrip().lstrip('"').startswith(HOP_PREFIX)

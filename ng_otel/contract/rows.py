@@ -22,6 +22,8 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from ng_otel.contract.events import BOUNDARIES, EVENT_ID_RE, MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
+from ng_otel.contract.inner_errors import ROW_FAILURE_RESPONSE_BODY as ROW_FAILURE_RESPONSE_BODY
+from ng_otel.contract.inner_errors import row_chain_records
 from ng_otel.contract.kinds import FAILURE_KINDS, is_well_formed, validate_failure_kind
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import MAX_REPORT_EVENTS, FailureReport
@@ -32,7 +34,6 @@ ROW_FAILURE_CLASS: Final = "_ng_failure_class"
 ROW_FAILURE_TYPE: Final = "_ng_failure_type"
 ROW_FAILURE_MESSAGE: Final = "_ng_failure_message"
 ROW_FAILURE_HTTP_STATUS: Final = "_ng_failure_http_status"
-ROW_FAILURE_RESPONSE_BODY: Final = "_ng_failure_response_body"
 ROW_FAILURE_TERMINAL: Final = "_ng_failure_terminal"
 ROW_FAILURE_STAGE: Final = "_ng_failure_stage"
 ROW_JUDGE_ERROR: Final = "_ng_failure_judge_error"
@@ -48,14 +49,39 @@ NO_REASON: Final = "no failure message was saved with this row"
 
 def row_report(row: Mapping[str, Any]) -> FailureReport | None:
     """The failures a saved row holds, or ``None`` for a row without any (a success, an old
-    row). Gym Main's saved report wins when a row has both formats. Raises ``ValueError``
-    naming what is wrong."""
+    row). Gym Main's saved report wins when a row has both formats; a 0.7.0 row is the chain
+    its nested error body holds (``row_failures``). Raises ``ValueError`` naming what is wrong."""
+    return row_failures(row).report
+
+
+class RowFailures(NamedTuple):
+    """A row's failures and, where the row names them, the server that saw each."""
+
+    report: FailureReport | None
+    servers: Mapping[str, str]  # event id -> server name (a 0.7.0 row's body names them; Main's rows none)
+
+
+_NO_SERVERS: Final[Mapping[str, str]] = {}
+
+
+def row_failures(row: Mapping[str, Any]) -> RowFailures:
+    """``row_report`` with the servers: a 0.7.0 failure row is collection's event caused by
+    one event per server its ``_ng_failure_response_body`` names ("Hit an exception in
+    <Class>___<server> calling an inner server: b'...'", read by ``inner_errors``), the
+    provider's own message the root's reason. Raises ``ValueError`` naming what is wrong."""
     if not isinstance(row, Mapping):
         raise ValueError("row: must be a JSON object")
     if has_saved_report(row):
-        return _saved_report(row)
+        return RowFailures(_saved_report(row), _NO_SERVERS)
     failure = class_row_failure(row)
-    return _class_report(row, failure) if failure is not None else None
+    if failure is None:
+        return RowFailures(None, _NO_SERVERS)
+    chain = row_chain_records(row, _class_record(row, failure))
+    top = chain.records[0]["event_id"]
+    # Valid by construction: a well-formed kind, a fixed boundary, bounded text, a stage and a
+    # status checked by class_row_failure, 32-hex ids; the inner records are bounded likewise.
+    report = FailureReport._trusted({record["event_id"]: record for record in chain.records}, top)
+    return RowFailures(report, chain.server_by_event())
 
 
 def has_saved_report(row: Mapping[str, Any]) -> bool:
@@ -114,7 +140,7 @@ def class_row_failure(row: Mapping[str, Any]) -> ClassRowFailure | None:
     )
 
 
-def _class_report(row: Mapping[str, Any], failure: ClassRowFailure) -> FailureReport:
+def _class_record(row: Mapping[str, Any], failure: ClassRowFailure) -> dict[str, Any]:
     kind = failure.kind
     record: dict[str, Any] = {
         "event_id": _row_event_id(row),
@@ -135,9 +161,13 @@ def _class_report(row: Mapping[str, Any], failure: ClassRowFailure) -> FailureRe
         if "http_status" in record:
             foreign["http_status"] = record["http_status"]
         record["foreign_error"] = foreign
-    # Valid by construction: a well-formed kind, a fixed boundary, bounded text, a stage and a
-    # status checked by class_row_failure, a 32-hex id.
-    return FailureReport._trusted({record["event_id"]: record}, record["event_id"])
+    return record
+
+
+def class_row_reason(row: Mapping[str, Any], failure: ClassRowFailure) -> str:
+    """The reason of a 0.7.0 row's own failure, unbounded by the event's bound (what its
+    record's ``failure_reason`` is cut from)."""
+    return _reason(row, failure.judged)
 
 
 def _reason(row: Mapping[str, Any], judged: bool) -> str:
@@ -213,21 +243,29 @@ def _sorted_members(mapping: dict[Any, Any]) -> list[tuple[Any, Any]]:
 def read_row(row: Any) -> FailureReport | None:
     """``row_report`` for a decoded line that may be anything: raises ``ValueError`` (never
     another error) when it is not a row or its failure data is invalid."""
+    return read_row_failures(row).report
+
+
+def read_row_failures(row: Any) -> RowFailures:
+    """``row_failures`` for a decoded line that may be anything (``read_row``'s rules)."""
     if not isinstance(row, dict):
         raise ValueError("not a row: a row is a JSON object")
     if has_saved_report(row):
         try:
             fast = _canonical_saved_report(row)
-        except TypeError:  # an unhashable value where a name belongs: row_report names it
+        except TypeError:  # an unhashable value where a name belongs: row_failures names it
             fast = None
         if fast is not None:
-            return fast
+            return RowFailures(fast, _NO_SERVERS)
     elif ROW_FAILURE_CLASS not in row:
-        return None  # no failure data: a success, or an old row
+        return _NO_FAILURES  # no failure data: a success, or an old row
     try:
-        return row_report(row)
+        return row_failures(row)
     except RecursionError:  # a pathologically nested value in a row
         raise ValueError("row: nested too deeply") from None
+
+
+_NO_FAILURES: Final = RowFailures(None, _NO_SERVERS)
 
 
 def row_masked(row: Mapping[str, Any]) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ng_otel.contract.report import FailureReport
-from ng_otel.contract.rows import ROW_ROLLOUT_INDEX, ROW_TASK_INDEX, read_row, row_terminal
+from ng_otel.contract.rows import ROW_ROLLOUT_INDEX, ROW_TASK_INDEX, read_row_failures, row_terminal
 from ng_otel.runs.inputs import FormattedLine, SkippedLine, formatted_lines
 from ng_otel.runs.otlp import NO_TRACE_IDS, otlp_line_failures, record_of
 
@@ -67,13 +67,15 @@ def groups_from_rows(lines: Iterable[FormattedLine | SkippedLine]) -> Iterator[F
             continue
         number, row, _ = item
         try:
-            report = read_row(row)
+            report, servers = read_row_failures(row)
         except ValueError as error:
             yield SkippedLine(number, str(error))
             continue
         if report is None or (not report.events and not report.omitted):
             continue
-        yield _group_of(_row_title(number, row), report)
+        group = _group_of(_row_title(number, row), report)
+        group.services.update(servers)  # the servers a 0.7.0 row's body names, drawn as OTLP's are
+        yield group
 
 
 def _row_title(number: int, row: Mapping[str, Any]) -> str:

@@ -61,6 +61,9 @@ _MEASURED: Final = 1
 _MASKED: Final = 2
 _FAILED: Final = 3
 _OMITTED: Final = 4
+INPUTS: Final = _EXPECTED  # the roles of a run's files, for CoverageReader
+SCORED_ROWS: Final = _MEASURED
+FAILED_ROWS: Final = _FAILED
 _SCORED: Final = frozenset({_MEASURED, _MASKED})  # a main row's outcomes: they end the rollout
 _INDEX_TYPES: Final = (int, str)  # exactly: a bool is no index
 _NUMBERED_LINE: Final = 2  # (line number, value)
@@ -163,7 +166,7 @@ def run_coverage(
     ``rows_without_rollout``. Each is read once, in order: inputs first."""
     if type(min_valid) is not int or min_valid < 0:
         raise ValueError("min_valid: must be an int >= 0")
-    state = _State()
+    state = CoverageReader()
     if inputs is not None:
         state.read(inputs, _EXPECTED)
     state.read(rows, _MEASURED)
@@ -171,7 +174,9 @@ def run_coverage(
     return state.account(has_inputs=inputs is not None, min_valid=min_valid)
 
 
-class _State:
+class CoverageReader:
+    """A run's coverage, read a row at a time (``run_coverage`` reads whole files)."""
+
     __slots__ = ("agent_ids", "agents", "entries", "rows_without_rollout")
 
     def __init__(self) -> None:
@@ -189,38 +194,43 @@ class _State:
         return number << _AGENT_SHIFT
 
     def read(self, items: Iterable[object], role: int) -> None:
-        """Account for every row of one file: ``role`` is ``_EXPECTED`` for the inputs,
-        ``_MEASURED`` for the main rows (masked when the row says so), ``_FAILED`` for the
-        sidecar. The hot loop of coverage: one pass, lookups kept local."""
-        entries = self.entries
+        """Account for every row of one file: ``role`` is ``INPUTS`` for the materialized
+        inputs, ``SCORED_ROWS`` for the main rows (masked when the row says so),
+        ``FAILED_ROWS`` for the sidecar."""
+        add = self.add
         for item in items:
-            if type(item) is tuple and len(item) == _NUMBERED_LINE:  # (line number, value): read_json_lines'
-                item = item[1]
-            if type(item) is not dict:
-                self.rows_without_rollout += 1
-                continue
-            task, rollout = item.get(ROW_TASK_INDEX), item.get(ROW_ROLLOUT_INDEX)
-            if type(task) not in _INDEX_TYPES or type(rollout) not in _INDEX_TYPES:
-                self.rows_without_rollout += 1
-                continue
-            key: RolloutKey = (task, rollout)  # type: ignore[assignment]  # checked just above
-            entry = entries.get(key)
-            if role == _EXPECTED:
-                if entry is None:
-                    entries[key] = self._agent_bits(item) | _EXPECTED
-                continue
-            if item.get(ROW_NO_PERSIST) is True:
-                outcome = _OMITTED
-            elif role == _MEASURED and row_masked(item):
-                outcome = _MASKED
-            else:
-                outcome = role
-            if entry is None:  # not in the inputs (or none were given): its agent from this row
-                entries[key] = self._agent_bits(item) | outcome
-            elif outcome in _SCORED or entry & _OUTCOME_MASK not in _SCORED:
-                # A scored row ends the rollout: Gym never retries it, and never counts a failed
-                # attempt of a rollout that was also scored. Otherwise the later row stands.
-                entries[key] = (entry & ~_OUTCOME_MASK) | outcome
+            add(item, role)
+
+    def add(self, item: object, role: int, masked: bool | None = None) -> None:
+        """Account for one row (or ``(line number, row)``) of a file of ``role``; ``masked``:
+        whether a scored row is masked, when the caller has read it already."""
+        if type(item) is tuple and len(item) == _NUMBERED_LINE:  # (line number, value): read_json_lines'
+            item = item[1]
+        if type(item) is not dict:
+            self.rows_without_rollout += 1
+            return
+        task, rollout = item.get(ROW_TASK_INDEX), item.get(ROW_ROLLOUT_INDEX)
+        if type(task) not in _INDEX_TYPES or type(rollout) not in _INDEX_TYPES:
+            self.rows_without_rollout += 1
+            return
+        entries = self.entries
+        key: RolloutKey = (task, rollout)  # type: ignore[assignment]  # checked just above
+        entry = entries.get(key)
+        if role == _EXPECTED:  # in whichever order the files are read: an outcome read first is kept
+            entries[key] = (entry if entry is not None else self._agent_bits(item)) | _EXPECTED
+            return
+        if item.get(ROW_NO_PERSIST) is True:
+            outcome = _OMITTED
+        elif role == _MEASURED and (row_masked(item) if masked is None else masked):
+            outcome = _MASKED
+        else:
+            outcome = role
+        if entry is None:  # not in the inputs (or none were given): its agent from this row
+            entries[key] = self._agent_bits(item) | outcome
+        elif outcome in _SCORED or entry & _OUTCOME_MASK not in _SCORED:
+            # A scored row ends the rollout: Gym never retries it, and never counts a failed
+            # attempt of a rollout that was also scored. Otherwise the later row stands.
+            entries[key] = (entry & ~_OUTCOME_MASK) | outcome
 
     def account(self, *, has_inputs: bool, min_valid: int) -> RunCoverage:
         tallies = [[0] * len(ACCOUNT_KEYS) for _ in self.agents]

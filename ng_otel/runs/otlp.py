@@ -19,6 +19,7 @@ __all__ = [
     "OtlpFailure",
     "otlp_failure_events",
     "otlp_line_failures",
+    "otlp_verify_outcomes",
     "record_of",
 ]
 
@@ -122,3 +123,32 @@ def _attributes(items: Any) -> dict[str, Any]:
                 if raw is not None:
                     values[str(_dict(item).get("key", ""))] = raw
     return values
+
+
+def otlp_verify_outcomes(data: Mapping[str, Any]) -> Iterator[tuple[tuple[Any, ...], int]]:
+    """(series, total so far) for each data point of the ``ng.verify.outcomes`` counter in one
+    OTLP JSON line: a series is its service, attributes and start time, so the latest point of
+    a cumulative sum is the series' total. Tolerant of any shape."""
+    for resource_metrics in _list(data.get("resourceMetrics")):
+        resource = _dict(resource_metrics).get("resource")
+        service = _attributes(_dict(resource).get("attributes")).get("service.name", "?")
+        for scope_metrics in _list(_dict(resource_metrics).get("scopeMetrics")):
+            for metric in _list(_dict(scope_metrics).get("metrics")):
+                metric = _dict(metric)
+                if metric.get("name") != names.VERIFY_METRIC:
+                    continue
+                for point in _list(_dict(metric.get("sum")).get("dataPoints")):
+                    point = _dict(point)
+                    total = _count_of(point)
+                    if total is not None:
+                        labels = tuple(sorted(_attributes(point.get("attributes")).items()))
+                        yield (str(service), labels, str(point.get("startTimeUnixNano", ""))), total
+
+
+def _count_of(point: Mapping[str, Any]) -> int | None:
+    raw = point.get("asInt", point.get("asDouble"))
+    try:
+        value = int(raw) if isinstance(raw, (int, float, str)) and len(str(raw)) < 20 else None
+    except (ValueError, OverflowError):
+        return None
+    return value if value is not None and value >= 0 else None
