@@ -15,13 +15,17 @@ from typing import Any
 from ng_otel.contract.report import FailureReport
 
 _EMPTY = FailureReport()
+_LOCK = threading.Lock()
+"""One lock for every request's log: a log is touched by one task at a time unless the request
+spawned threads, each critical section is a few dict operations, and a request that observes
+nothing then allocates no lock."""
 
 
 class FailureLog:
     """Grows in place: a request that observes thousands of failures pays for each once, and
     the report is built when the reply asks for it."""
 
-    __slots__ = ("_events", "_failure_id", "_lock", "_omitted", "_report", "last_callee_failure")
+    __slots__ = ("_events", "_failure_id", "_omitted", "_report", "last_callee_failure")
 
     def __init__(self) -> None:
         self._events: dict[str, Mapping[str, Any]] = {}
@@ -29,12 +33,11 @@ class FailureLog:
         self.last_callee_failure: str | None = None  # the latest failure a callee's reply reported
         self._omitted = False
         self._report: FailureReport | None = _EMPTY
-        self._lock = threading.Lock()
 
     def add(self, report: FailureReport, *, own: bool) -> None:
         """Merge ``report``; ``own`` makes its failure the reply's own failure (and its
         records win over ones the log holds under the same id)."""
-        with self._lock:
+        with _LOCK:
             if own and report.failure_id is not None:
                 self._events.update(report.events)
                 self._failure_id = report.failure_id
@@ -49,7 +52,7 @@ class FailureLog:
     @property
     def report(self) -> FailureReport:
         """Everything added so far (both sides closed under cause_id, so the union is too)."""
-        with self._lock:
+        with _LOCK:
             if self._report is None:
                 self._report = FailureReport._trusted(dict(self._events), self._failure_id, self._omitted)
             return self._report

@@ -59,6 +59,17 @@ class LinkIndex:
                 self._items.popitem(last=False)
             return True
 
+    def known_all(self, event_ids: Iterable[str]) -> bool:
+        """True when every one of ``event_ids`` is known (each then counts as used now, as
+        ``add`` would count it); False, changing nothing, when one is not."""
+        with self._lock:
+            items = self._items
+            if not all(event_id in items for event_id in event_ids):
+                return False
+            for event_id in event_ids:
+                items.move_to_end(event_id)
+            return True
+
     def set(self, event_id: str, context: SpanContext) -> None:
         with self._lock:
             self._items[event_id] = context
@@ -83,7 +94,13 @@ def format_span_context(context: SpanContext) -> str:
 def encode_context_header(contexts: Mapping[str, SpanContext]) -> str:
     """The ``X-NG-Failure-Context`` value; ``{"omitted":true}`` when it exceeds 4096 bytes,
     which tells the caller the events were exported but their spans are not known."""
-    value = encode_header_json({event_id: format_span_context(ctx) for event_id, ctx in contexts.items()})
+    formatted: dict[int, str] = {}  # the events of one span share its context object: formatted once
+    value = encode_header_json(
+        {
+            event_id: formatted.get(id(ctx)) or formatted.setdefault(id(ctx), format_span_context(ctx))
+            for event_id, ctx in contexts.items()
+        }
+    )
     return value if value is not None else OMITTED_VALUE
 
 

@@ -34,7 +34,7 @@ from ng_otel.contract.events import NgFailureEvent
 from ng_otel.contract.kinds import FAILURE_KINDS, is_well_formed
 from ng_otel.contract.report import FailureReport, failure_report_for
 from ng_otel.otel import names
-from ng_otel.otel._failure_tally import failure_tally
+from ng_otel.otel._failure_tally import FailureLabels, failure_tally
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.attributes import event_attributes
 from ng_otel.otel.failure_log import current_failure_log
@@ -42,6 +42,7 @@ from ng_otel.otel.links import NOT_EXPORTED, LinkIndex
 from ng_otel.otel.settings import Settings, SettingsError, warn_not_enabled
 
 Failure = NgFailureEvent | FailureReport | BaseException
+_MAX_SERIES_CACHED = 4096  # distinct (boundary, kind, status, stage, recovered, terminal) remembered
 
 
 class KindGuard:
@@ -82,6 +83,8 @@ class FailureRecorder:
         self.index = LinkIndex(self.settings.link_index_size)
         self.kinds = KindGuard(self.settings.max_kinds)
         self.classifier = classifier
+        self._series: dict[tuple[Any, ...], tuple[str, FailureLabels]] = {}
+        self._series_by: FailureClassifier | None = None  # the classifier _series was computed with
         self._spans = "spans" in self.settings.signals
         self._logger = logger if "logs" in self.settings.signals else None
         self._failures = failure_tally(meter)
@@ -115,6 +118,8 @@ class FailureRecorder:
         without adding them to ``ng.failures`` (a replay into a backend that already counted
         them live). Returns how many were new.
         """
+        if not own and self.index.known_all(report.events):
+            return 0  # each recorded here or exported by a callee already: a reply's events read back
         target = span if span is not None else trace.get_current_span()
         if recovered is None:
             recovered_ids: Collection[str] = report.recovered_ids()
@@ -198,6 +203,22 @@ class FailureRecorder:
         attributes = {names.LINK_TYPE: names.LINK_CAUSED_BY, names.ID: event_id, names.CAUSE_ID: cause_id}
         return [Link(cause_context, attributes)]
 
+    def _classified(
+        self, boundary: str, kind: str, status: int | None, stage: str | None, recovered: bool, terminal: bool
+    ) -> tuple[str, FailureLabels]:
+        """The class and the tally series of an event: computed once per distinct combination
+        (the classifier and the kind guard give a combination the same answer every time)."""
+        key = (boundary, kind, status, stage, recovered, terminal)
+        cached = self._series.get(key)
+        if cached is not None and self._series_by is self.classifier:
+            return cached
+        if self._series_by is not self.classifier or len(self._series) >= _MAX_SERIES_CACHED:
+            self._series, self._series_by = {}, self.classifier
+        failure_class = self.classifier.classify(kind, status, terminal=terminal).value
+        labels = (boundary, self.kinds.label(kind), recovered, failure_class, stage)
+        cached = self._series[key] = (failure_class, labels)
+        return cached
+
     def _emit(
         self,
         record: Mapping[str, Any],
@@ -211,7 +232,10 @@ class FailureRecorder:
         kind = record["failure_kind"]
         stage = record.get("stage")
         status = record.get("http_status")
-        failure_class = self.classifier.classify(kind, status, terminal=terminal).value
+        if target.counted:
+            failure_class, labels = self._classified(record["boundary"], kind, status, stage, recovered, terminal)
+        else:
+            failure_class, labels = self.classifier.classify(kind, status, terminal=terminal).value, None
         attributes = event_attributes(record)
         attributes[names.RECOVERED] = recovered
         attributes[names.CLASS] = failure_class
@@ -225,8 +249,7 @@ class FailureRecorder:
         if own:
             _mark_error(span, kind)
 
-        if target.counted:
-            labels = (record["boundary"], self.kinds.label(kind), recovered, failure_class, stage)
+        if labels is not None:
             self._failures.add(labels, target.context)
         if self._logger is not None:
             self._logger.emit(
@@ -270,6 +293,8 @@ def _mark_error(span: Span, kind: str) -> None:
 
 def causes_first(events: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Records ordered so that each cause comes before its effects (reports are acyclic)."""
+    if len(events) == 1:
+        return list(events.values())  # a failed attempt, a callee's own failure
     done: set[str] = set()
     ordered: list[Mapping[str, Any]] = []
     for event_id in events:
