@@ -3,6 +3,7 @@ failures sidecar, the materialized inputs), by summary, show, report and replay 
 it failed (the servers a nested error body names), why (the provider's own message at the
 root), and how much of the run was lost (the coverage account, the prompt groups left short)."""
 
+import itertools
 import json
 from pathlib import Path
 
@@ -163,3 +164,23 @@ def test_otlp_input_counts_traces_not_rows_and_masks_over_verify_outcomes(tmp_pa
 
     line = charts_of(summary)["over-time"]["data"][0]
     assert line["y"] == [1, 0, 0, 1]  # the quiet minutes between are drawn as quiet
+
+
+def test_a_row_saved_with_ng_otel_s_report_gets_its_servers_from_the_body_where_the_chains_agree(run):
+    from ng_otel.contract.report import FailureReport
+    from ng_otel.contract.rows import row_failures
+    from ng_otel.gym.collection import report_row
+
+    stock = failure_row(gym_body(*LANE_KEYS))
+    report, servers = row_failures(stock)
+    assert report is not None
+    # The live run's report, saved beside the row (the ids are the live ones, not the row's).
+    chain = [dict(record, event_id=f"live{index}") for index, record in enumerate(report.chain())]
+    for effect, cause in itertools.pairwise(chain):
+        effect["cause_id"] = cause["event_id"]
+    saved = {**stock, **report_row(FailureReport({r["event_id"]: r for r in chain}, "live0"), {})}
+    assert dict(row_failures(saved).servers) == {"live1": AGENT, "live2": AGENT, "live3": POLICY}
+    chain[3]["boundary"] = "agent"  # not the chain the body names: no server is guessed
+    disagreeing = {**stock, **report_row(FailureReport({r["event_id"]: r for r in chain}, "live0"), {})}
+    assert dict(row_failures(disagreeing).servers) == {}
+    assert list(servers.values()) == [AGENT, AGENT, POLICY]

@@ -1141,3 +1141,24 @@ class TestTheLaneSRowsAfterTheRun:
         unscored = sorted(("policy_500", "judge_503", "policy_drops"), key=tasks.index)
         invalid = read_run_coverage(files, min_valid=1).groups_below_min_valid
         assert invalid == tuple(PromptGroup(tasks.index(task), valid=0, size=1) for task in unscored)
+
+    def test_summary_and_report_say_which_server_failed_why_and_which_rollout_never_finished(
+        self, deployment: Deployment, gym_venv, gym_env_base, tmp_path
+    ):
+        from ng_otel.cli.report import render_page
+        from ng_otel.runs.summary import summarise
+
+        rows = deployment.out / "run" / "rollouts.jsonl"
+        tasks = [json.loads(line)["id"] for line in (HERE / "tasks.jsonl").read_text().splitlines()]
+        # The command a user runs on the main rows alone: the sidecar and the inputs are found beside.
+        got = json.loads(ng_otel_cli(gym_venv, gym_env_base, tmp_path, "summary", "--json", str(rows)))
+        assert got["coverage"] == {"expected": 5, "measured": 2, "masked": 0, "failed": 2, "omitted": 0, "unknown": 1}
+        never = [(item["task_index"], item["rollout_index"]) for item in got["unknown_rollouts"]]
+        assert never == [(tasks.index("policy_drops"), 0)]
+        roots = {(root["failure_kind"], root["server"], root["reason"]) for root in got["root_causes"]}
+        assert ("provider_unavailable", "policy_model", "backend overloaded") in roots  # where, and why
+        assert got["by_server"]["policy_model"] >= 1 and got["by_server"]["simpleqa_simple_agent"] >= 2
+        terminal = ng_otel_cli(gym_venv, gym_env_base, tmp_path, "summary", str(rows))
+        assert f"1 rollout(s) never finished: task {tasks.index('policy_drops')} rollout 0" in terminal
+        page = render_page(summarise([rows]), "")  # the report's page (plotly is not in Gym's venv)
+        assert "backend overloaded" in page and "model · policy_model" in page and "never finished" in page

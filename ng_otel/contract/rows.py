@@ -23,7 +23,12 @@ from pydantic import TypeAdapter, ValidationError
 
 from ng_otel.contract.events import BOUNDARIES, EVENT_ID_RE, MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
 from ng_otel.contract.inner_errors import ROW_FAILURE_RESPONSE_BODY as ROW_FAILURE_RESPONSE_BODY
-from ng_otel.contract.inner_errors import row_chain_records
+from ng_otel.contract.inner_errors import (
+    body_names_servers,
+    parse_inner_error,
+    row_chain_records,
+    row_server_boundaries,
+)
 from ng_otel.contract.kinds import FAILURE_KINDS, is_well_formed, validate_failure_kind
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import MAX_REPORT_EVENTS, FailureReport
@@ -64,6 +69,22 @@ class RowFailures(NamedTuple):
 _NO_SERVERS: Final[Mapping[str, str]] = {}
 
 
+def _servers_along(row: Mapping[str, Any], report: FailureReport) -> Mapping[str, str]:
+    """The servers a row's nested error body names, given to its saved report's chain (what
+    ng_otel's collection hook saves beside a 0.7.0 row) cause by cause below the reply's own
+    failure, where every boundary agrees; none where any does not (not the same chain)."""
+    if report.failure_id is None or not body_names_servers(row):
+        return _NO_SERVERS
+    body = row[ROW_FAILURE_RESPONSE_BODY]
+    hops = parse_inner_error(body, server_boundaries=row_server_boundaries(row)).hops
+    named: dict[str, str] = {}
+    for record, hop in zip(report.chain()[1:], hops, strict=False):  # a chain cut short names what it holds
+        if hop.boundary != record["boundary"]:
+            return _NO_SERVERS
+        named[record["event_id"]] = hop.server
+    return named
+
+
 def row_failures(row: Mapping[str, Any]) -> RowFailures:
     """``row_report`` with the servers: a 0.7.0 failure row is collection's event caused by
     one event per server its ``_ng_failure_response_body`` names ("Hit an exception in
@@ -72,7 +93,8 @@ def row_failures(row: Mapping[str, Any]) -> RowFailures:
     if not isinstance(row, Mapping):
         raise ValueError("row: must be a JSON object")
     if has_saved_report(row):
-        return RowFailures(_saved_report(row), _NO_SERVERS)
+        report = _saved_report(row)
+        return RowFailures(report, _servers_along(row, report))
     failure = class_row_failure(row)
     if failure is None:
         return RowFailures(None, _NO_SERVERS)
@@ -256,7 +278,7 @@ def read_row_failures(row: Any) -> RowFailures:
         except TypeError:  # an unhashable value where a name belongs: row_failures names it
             fast = None
         if fast is not None:
-            return RowFailures(fast, _NO_SERVERS)
+            return RowFailures(fast, _servers_along(row, fast))
     elif ROW_FAILURE_CLASS not in row:
         return _NO_FAILURES  # no failure data: a success, or an old row
     try:
