@@ -30,15 +30,15 @@ MAX_REASON_CHARS: Final = 2000
 """Bound on ``failure_reason`` and ``foreign_error.message``; the marker counts inside it."""
 TRUNCATION_MARKER: Final = "...[truncated]"
 MAX_ID_CHARS: Final = 128
-ID_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,128}$"
+ID_PATTERN: Final = rf"^[A-Za-z0-9._:-]{{1,{MAX_ID_CHARS}}}$"
 MAX_OPERATION_CHARS: Final = 128
 MAX_TYPE_CHARS: Final = 256
 HTTP_STATUS_MIN: Final = 100
 HTTP_STATUS_MAX: Final = 599
 
 EVENT_ID_RE: Final = re.compile(ID_PATTERN)  # what an event id, and a cause id, may be
-_OPERATION_PATTERN = r"^[A-Za-z0-9._:/-]{1,128}$"
-_OPERATION_RE = re.compile(_OPERATION_PATTERN)
+OPERATION_PATTERN: Final = rf"^[A-Za-z0-9._:/-]{{1,{MAX_OPERATION_CHARS}}}$"
+OPERATION_RE: Final = re.compile(OPERATION_PATTERN)  # what an operation may be
 
 _Status = Annotated[StrictInt, Field(ge=HTTP_STATUS_MIN, le=HTTP_STATUS_MAX)]
 _Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
@@ -66,12 +66,14 @@ class FailureRecord(TypedDict):
     failure_reason: Annotated[StrictStr, Field(max_length=MAX_REASON_CHARS)]
     stage: NotRequired[Stage]
     http_status: NotRequired[_Status]
-    operation: NotRequired[Annotated[StrictStr, Field(pattern=_OPERATION_PATTERN)]]
+    operation: NotRequired[Annotated[StrictStr, Field(pattern=OPERATION_PATTERN)]]
     cause_id: NotRequired[_Id]
     foreign_error: NotRequired[ForeignErrorRecord]
 
 
 RECORD_ADAPTER: Final = TypeAdapter(FailureRecord)
+REQUIRED_RECORD_KEYS: Final = frozenset({"event_id", "boundary", "failure_kind", "failure_reason"})
+"""The fields every record has (``FailureRecord``'s required ones; a test holds them together)."""
 
 
 def bound_text(text: str, limit: int = MAX_REASON_CHARS) -> str:
@@ -127,7 +129,7 @@ class ForeignError:
                 value = getattr(error, attr, None)
             except Exception:  # a property of a third-party error that raises: no status from it
                 continue
-            if type(value) is int and HTTP_STATUS_MIN <= value <= HTTP_STATUS_MAX:
+            if is_http_status(value):
                 status = value
                 break
         return cls(type=name[:MAX_TYPE_CHARS], message=message, http_status=status)
@@ -145,8 +147,13 @@ class ForeignError:
         return cls(record["type"], record["message"], record.get("http_status"))
 
 
+def is_http_status(value: object) -> bool:
+    """An HTTP status a record may carry: an int (not a bool) in 100-599."""
+    return type(value) is int and HTTP_STATUS_MIN <= value <= HTTP_STATUS_MAX
+
+
 def _check_status(value: object, field: str) -> None:
-    if value is not None and (type(value) is not int or not HTTP_STATUS_MIN <= value <= HTTP_STATUS_MAX):
+    if value is not None and not is_http_status(value):
         raise ValueError(f"{field}: must be an int in {HTTP_STATUS_MIN}-{HTTP_STATUS_MAX}")
 
 
@@ -195,8 +202,8 @@ class NgFailureEvent(Exception):
         if stage is not None and stage not in STAGES:
             raise ValueError(f"stage: must be one of {', '.join(STAGES)}")
         _check_status(http_status, "http_status")
-        if operation is not None and (not isinstance(operation, str) or not _OPERATION_RE.fullmatch(operation)):
-            raise ValueError("operation: must be 1-128 chars of [A-Za-z0-9._:/-]")
+        if operation is not None and (not isinstance(operation, str) or not OPERATION_RE.fullmatch(operation)):
+            raise ValueError(f"operation: must be 1-{MAX_OPERATION_CHARS} chars of [A-Za-z0-9._:/-]")
         if foreign_error is not None and not isinstance(foreign_error, ForeignError):
             raise ValueError("foreign_error: must be a ForeignError")
         validate_failure_kind(failure_kind)

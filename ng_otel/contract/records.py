@@ -27,7 +27,7 @@ from pydantic import (
 )
 from typing_extensions import Self
 
-from ng_otel.contract.events import MAX_REASON_CHARS, Stage
+from ng_otel.contract.events import HTTP_STATUS_MAX, HTTP_STATUS_MIN, MAX_REASON_CHARS, Stage
 from ng_otel.contract.kinds import AGENT_REQUEST_FAILED, ENVIRONMENT_SERVER_FAILED, validate_failure_kind
 
 # Keys rollout collection saves beside each result or failure row. Old rows lack them and
@@ -117,7 +117,7 @@ class RolloutFailureRecord(BaseModel):
     source: Literal["environment", "collector"]
     delivery: Literal["not_sent", "possibly_delivered", "delivered"]
     failure: EpisodeFailure
-    http_status: Optional[int] = Field(default=None, ge=100, le=599)
+    http_status: Optional[int] = Field(default=None, ge=HTTP_STATUS_MIN, le=HTTP_STATUS_MAX)
     exception_type: Optional[str] = Field(default=None, max_length=2000)
 
     @model_validator(mode="after")

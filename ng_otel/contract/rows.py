@@ -21,7 +21,19 @@ from typing import Any, Final, NamedTuple
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from ng_otel.contract.events import BOUNDARIES, EVENT_ID_RE, MAX_REASON_CHARS, MAX_TYPE_CHARS, STAGES, bound_text
+from ng_otel.contract.events import (
+    BOUNDARIES,
+    EVENT_ID_RE,
+    MAX_REASON_CHARS,
+    MAX_TYPE_CHARS,
+    OPERATION_RE,
+    REQUIRED_RECORD_KEYS,
+    STAGES,
+    FailureRecord,
+    ForeignErrorRecord,
+    bound_text,
+    is_http_status,
+)
 from ng_otel.contract.inner_errors import ROW_FAILURE_RESPONSE_BODY as ROW_FAILURE_RESPONSE_BODY
 from ng_otel.contract.inner_errors import (
     body_names_servers,
@@ -29,7 +41,7 @@ from ng_otel.contract.inner_errors import (
     row_chain_records,
     row_server_boundaries,
 )
-from ng_otel.contract.kinds import FAILURE_KINDS, is_well_formed, validate_failure_kind
+from ng_otel.contract.kinds import ENVIRONMENT_SERVER_FAILED, FAILURE_KINDS, is_well_formed, validate_failure_kind
 from ng_otel.contract.records import ROW_EVENTS, ROW_FAILURE_ID, ROW_OMITTED
 from ng_otel.contract.report import MAX_REPORT_EVENTS, FailureReport
 from ng_otel.contract.report import _check_acyclic as check_acyclic
@@ -47,8 +59,6 @@ ROW_ROLLOUT_INDEX: Final = "_ng_rollout_index"
 ROW_TASK_ID: Final = "_ng_task_id"
 ROW_MASK_SAMPLE: Final = "mask_sample"
 
-ENVIRONMENT_SERVER_FAILED: Final = "environment_server_failed"
-"""The class 0.7.0 collection gives an environment server's own reported failure."""
 NO_REASON: Final = "no failure message was saved with this row"
 
 
@@ -157,7 +167,7 @@ def class_row_failure(row: Mapping[str, Any]) -> ClassRowFailure | None:
         kind,
         boundary,
         stage if stage in STAGES else None,
-        status if type(status) is int and 100 <= status <= 599 else None,
+        status if is_http_status(status) else None,
         judged,
     )
 
@@ -324,9 +334,12 @@ _LAX_BOOL: Final = TypeAdapter(bool)
 # types, every bound met) is read here without pydantic, about five times faster; anything
 # else goes to ``row_report``, which decides and names what is wrong. Both give the same
 # report (tests/test_summary.py holds them to it).
-_RECORD_KEYS: Final = frozenset({"event_id", "boundary", "failure_kind", "failure_reason", "stage", "http_status"})
-_CAUSED_KEYS: Final = _RECORD_KEYS | {"cause_id", "foreign_error"}
-_FOREIGN_KEYS: Final = frozenset({"type", "message", "http_status"})
+_RECORD_KEYS: Final = frozenset(FailureRecord.__annotations__)  # the fields the record declares
+_OPTIONAL_KEYS: Final = _RECORD_KEYS - REQUIRED_RECORD_KEYS
+_FAST_CHECKED: Final = frozenset({"stage", "http_status", "operation", "cause_id", "foreign_error"})
+"""The optional fields the fast path checks itself (a test holds them to ``_OPTIONAL_KEYS``: a
+field added to the record and not here would send every row with it to the slow path)."""
+_FOREIGN_KEYS: Final = frozenset(ForeignErrorRecord.__annotations__)
 _BOUNDARIES: Final = frozenset(BOUNDARIES)
 _STAGES: Final = frozenset(STAGES)
 
@@ -366,21 +379,22 @@ def _canonical_saved_report(row: Mapping[str, Any]) -> FailureReport | None:
             continue  # the four every record has, checked above: nothing optional to check
         keys = record.keys()
         if not keys <= _RECORD_KEYS:
-            if not keys <= _CAUSED_KEYS:
+            return None
+        if "cause_id" in keys:
+            cause = record["cause_id"]
+            if cause not in events:
                 return None
-            if "cause_id" in keys:
-                cause = record["cause_id"]
-                if cause not in events:
-                    return None
-                backward = backward or cause in earlier
-            if "foreign_error" in keys and not _canonical_foreign(record["foreign_error"]):
-                return None
+            backward = backward or cause in earlier
+        if "foreign_error" in keys and not _canonical_foreign(record["foreign_error"]):
+            return None
         if "stage" in keys and record["stage"] not in _STAGES:
             return None
-        if "http_status" in keys:
-            status = record["http_status"]
-            if type(status) is not int or not 100 <= status <= 599:
-                return None
+        if "http_status" in keys and not is_http_status(record["http_status"]):
+            return None
+        if "operation" in keys and not (
+            type(record["operation"]) is str and OPERATION_RE.fullmatch(record["operation"])
+        ):
+            return None
     if failure_id is not None and (type(failure_id) is not str or failure_id not in events):
         return None
     if backward:
@@ -393,14 +407,10 @@ def _canonical_saved_report(row: Mapping[str, Any]) -> FailureReport | None:
     return FailureReport._trusted(events, failure_id, omitted)
 
 
-_REQUIRED_KEYS: Final = 4  # event_id, boundary, failure_kind, failure_reason
+_REQUIRED_KEYS: Final = len(REQUIRED_RECORD_KEYS)
 
 
 _NO_EVENTS: Final[dict[str, Any]] = {}
-
-
-def _canonical_status(status: Any) -> bool:
-    return type(status) is int and 100 <= status <= 599
 
 
 def _canonical_foreign(foreign: Any) -> bool:
@@ -411,5 +421,5 @@ def _canonical_foreign(foreign: Any) -> bool:
         and 1 <= len(foreign["type"]) <= MAX_TYPE_CHARS
         and type(foreign.get("message")) is str
         and len(foreign["message"]) <= MAX_REASON_CHARS
-        and ("http_status" not in foreign or _canonical_status(foreign["http_status"]))
+        and ("http_status" not in foreign or is_http_status(foreign["http_status"]))
     )
