@@ -34,7 +34,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _procs import cpu_seconds, load_generator, otlp_sink, servers
 
 CONCURRENCIES = (256, 1024)
-WARMUP = 0.5  # seconds of load before each measured window
+WARMUP = 0.5  # seconds of load before each measured window, at concurrency 256
+
+
+# Every request holds a second one (its model call) on the same server, so requests move in
+# waves as long as the concurrency: at 1,024 the first replies of a fresh window come seconds
+# in. Windows and warm-ups grow with the concurrency so each spans several waves.
+def scaled(seconds: float, concurrency: int) -> float:
+    return seconds * max(1.0, concurrency / 256)
+
+
 MAX_REQUESTS = 200_000  # the count bound of one measured window (the time bound ends it first)
 
 
@@ -78,7 +87,8 @@ def measure(args: argparse.Namespace, sink_pid: int | None, env: dict[str, str])
                     pid = running[name].pid
                     gc_before = running[name].gc_seconds()
                     start = time.monotonic(), cpu_seconds(pid), cpu_seconds(sink_pid) if sink_pid else 0.0
-                    result = generator.window(running[name].port, concurrency, MAX_REQUESTS, args.seconds, WARMUP)
+                    seconds, warmup = scaled(args.seconds, concurrency), scaled(WARMUP, concurrency)
+                    result = generator.window(running[name].port, concurrency, MAX_REQUESTS, seconds, warmup)
                     wall = time.monotonic() - start[0]
                     result["server_cpu"] = (cpu_seconds(pid) - start[1]) / wall
                     result["cpu_per_reply"] = (cpu_seconds(pid) - start[1]) / result["replies"]
@@ -163,7 +173,7 @@ def summarize(results: dict[int, list[dict[str, Any]]]) -> bool:
 def main(argv: list[str] | None = None) -> bool:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--seconds", type=float, default=2.5, help="measured seconds per variant and round")
+    parser.add_argument("--seconds", type=float, default=2.5, help="measured seconds per window at 256 (x4 at 1,024)")
     parser.add_argument("--exporter", choices=("otlp", "none"), default="otlp")
     args = parser.parse_args(argv)
     print(
