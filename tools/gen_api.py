@@ -37,9 +37,14 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "ng_otel.gym.collection": ["report_row", "row_report", "replay_rows"],
     "ng_otel.gym.episodes": ["handled_episode_failure", "episode_response", "record_verify_outcome"],
-    "ng_otel.testing": ["capture_failures", "CapturedTelemetry"],
+    "ng_otel.runs": ["summarise", "Summary", "groups_from_lines", "FailureGroup", "KindCheck", "read_json_lines"],
+    "ng_otel.runs.coverage": ["run_coverage", "read_run_coverage", "run_files", "RunCoverage", "CoverageAccount"],
+    "ng_otel.testing": ["capture_failures", "CapturedTelemetry", "fresh_state", "reset_state"],
     "ng_otel.pytest_plugin": ["ng_otel_capture"],
 }
+
+
+WITH_MODULE_DOC = {"ng_otel.runs"}  # a library whose use its module docstring shows
 
 
 def members(cls: type) -> list[tuple[str, object]]:
@@ -71,6 +76,8 @@ def render() -> str:
     for module_name, public in PUBLIC.items():
         module = importlib.import_module(module_name)
         lines += [f"## `{module_name}`", ""]
+        if module_name in WITH_MODULE_DOC:
+            lines += [inspect.getdoc(module) or "", ""]
         for name in public:
             obj = getattr(module, name)
             obj = getattr(obj, "__wrapped__", obj)  # pytest fixtures and guarded functions

@@ -4,8 +4,13 @@
     from pathlib import Path
     from ng_otel.runs import summarise
 
-    summary = summarise([Path("rollouts.jsonl"), Path("rollouts_failures.jsonl")])
-    summary.to_json()["by_kind"]          # {"agent_run_error": 3, ...}
+    figures = summarise([Path("results/rollouts.jsonl")]).to_json()  # its sidecar and inputs too
+    figures["by_kind"]          # {"agent_run_error": 41, "provider_unavailable": 41, ...}
+    figures["root_causes"][0]   # {"failure_kind": "provider_unavailable", "server": "policy_model",
+                                #  "reason": "backend overloaded", "count": 41}
+    figures["coverage"]         # {"expected": 1280, "measured": 1201, "masked": 35, "failed": 41,
+                                #  "omitted": 0, "unknown": 3}
+    figures["unknown_rollouts"] # [{"run": "results/rollouts.jsonl", "task_index": 17, "rollout_index": 2}, ...]
 
 The layers: ``inputs`` (files, formats, skipped lines: the one loop), ``otlp`` (OTLP JSON
 lines' ``ng.failure`` events), ``chains`` (failure groups to draw or walk), ``summary`` (the

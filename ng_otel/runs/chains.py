@@ -31,6 +31,7 @@ class FailureGroup:
     services: dict[str, str] = field(default_factory=dict)
 
     def matches(self, kind: str | None, boundary: str | None) -> bool:
+        """Whether an event of the group has ``kind`` and ``boundary`` (``None``: any)."""
         return any(
             (kind is None or record["failure_kind"] == kind) and (boundary is None or record["boundary"] == boundary)
             for record in self.events.values()

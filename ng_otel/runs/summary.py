@@ -176,6 +176,7 @@ class Summary:
         return sum(self._verify.values()) if self._verify else None
 
     def skip(self, where: str, line: SkippedLine) -> None:
+        """Count ``line`` of the file ``where`` as skipped (listed among the first few)."""
         self._skipped.add(line, where)
 
     def add_line(self, value: Any, number: int, where: str = "") -> bool | None:
@@ -421,9 +422,11 @@ class Summary:
         }
 
     def top_chains(self, count: int) -> list[tuple[Chain, int]]:
+        """The ``count`` most frequent chain shapes, (kind, boundary, server) hops effect first."""
         return [(chain, n) for chain, n in self.chains.most_common(count) if chain != names.OTHER_KIND]
 
     def top_root_causes(self, count: int) -> list[tuple[RootCause, int]]:
+        """The ``count`` most frequent root causes, (kind, server, reason line), by failed rows."""
         return [(root, n) for root, n in self.root_causes.most_common(count) if root != names.OTHER_KIND]
 
 
