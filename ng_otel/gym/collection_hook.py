@@ -27,12 +27,21 @@ from typing import Any, Final
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan
 
+from ng_otel.contract.records import ROW_FAILURE_ID
 from ng_otel.contract.report import FailureReport
-from ng_otel.contract.rows import ROW_FAILURE_CLASS, ROW_MASK_SAMPLE
+from ng_otel.contract.rows import (
+    ROW_FAILURE_CLASS,
+    ROW_MASK_SAMPLE,
+    ROW_ROLLOUT_INDEX,
+    ROW_TASK_INDEX,
+    row_masked,
+)
 from ng_otel.gym.collection import report_row
 from ng_otel.gym.failures import collection_failure_kind, escaped_failure
+from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.recorder import get_recorder, is_enabled
+from ng_otel.otel.recovery import count_rollout
 from ng_otel.otel.replies import reply_of
 
 MODULE: Final = "nemo_gym.rollout_collection"
@@ -45,16 +54,26 @@ WHERE: Final = "rollout collection"
 
 
 def install() -> None:
-    """Wrap collection's failure rows now, or as soon as Gym's collection module loads."""
-    module = sys.modules.get(MODULE)
+    """Wrap collection's failure rows and outcomes now, or as soon as Gym's collection module
+    loads; its ``/run`` loops are rollouts in flight (``request_loop``)."""
+    from ng_otel.gym import request_loop
+
+    request_loop.track_runs()
+    after_import(MODULE, _wrap)
+
+
+def after_import(name: str, action: Callable[[ModuleType], None]) -> None:
+    """Run ``action`` on the module ``name`` now, or right after it is first executed."""
+    module = sys.modules.get(name)
     if module is not None:
-        _wrap(module)
-    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(MODULE, _wrap))
+        action(module)
+    elif not any(isinstance(finder, _AfterImport) and finder.name == name for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, action))
 
 
 @guarded
 def _wrap(module: ModuleType) -> None:
+    _wrap_outcomes(module)
     failure_row_of = getattr(module, ROW_FUNCTION, None)
     if failure_row_of is not None and not getattr(failure_row_of, "_ng_otel_patched", False):
 
@@ -151,6 +170,111 @@ def _record(error: BaseException, status: int | None, kind: str | None) -> Failu
 def _recorded(error: BaseException) -> FailureReport | None:
     report = error.__dict__.get(_RECORDED) if hasattr(error, "__dict__") else None
     return report if isinstance(report, FailureReport) else None
+
+
+# -- rollout outcomes, as collection decides them ------------------------------------------------
+
+HELPER: Final = "RolloutCollectionHelper"
+DISPATCH: Final = "_run_examples_with_metadata"
+NO_PERSIST: Final = "_ng_no_persist"  # rollout_collection.NG_NO_PERSIST_KEY
+VERIFY_KIND: Final = "failure_kind"  # a verify response's kind, kept on a masked result
+
+
+@guarded
+def _wrap_outcomes(module: ModuleType) -> None:
+    """Each rollout ``_run_examples_with_metadata`` dispatches is counted when its future
+    resolves, by the rules ``_run_from_config`` then applies to its result: ``_ng_no_persist``
+    omitted, a ``_ng_failure_class`` failed (the sidecar), ``mask_sample`` masked, else
+    measured (the main rows, as the coverage account counts them)."""
+    helper = getattr(module, HELPER, None)
+    dispatch = getattr(helper, DISPATCH, None) if helper is not None else None
+    if dispatch is None or getattr(dispatch, "_ng_otel_patched", False):
+        return
+
+    @functools.wraps(dispatch)
+    def run_examples_with_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _CountedFutures(dispatch(self, *args, **kwargs), module, self)
+
+    run_examples_with_metadata._ng_otel_patched = True  # type: ignore[attr-defined]
+    setattr(helper, DISPATCH, run_examples_with_metadata)
+
+
+class _CountedFutures:
+    """Gym's iterator of rollout futures, each counted as it resolves; everything else
+    (``aclose`` of the bounded iterator) is the iterator's own."""
+
+    def __init__(self, futures: Any, module: ModuleType, helper: Any) -> None:
+        self._futures = iter(futures)
+        self._inner = futures
+        self._module = module
+        self._helper = helper
+
+    def __iter__(self) -> _CountedFutures:
+        return self
+
+    def __next__(self) -> Any:
+        return _counted(next(self._futures), self._module, self._helper)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def _counted(future: Any, module: ModuleType, helper: Any) -> Any:
+    completed = await future
+    _count_completed(module, helper, completed)
+    return completed
+
+
+@guarded
+def _count_completed(module: ModuleType, helper: Any, completed: Any) -> None:
+    if not is_enabled():
+        return
+    row, result = getattr(completed, "row", None), getattr(completed, "result", None)
+    if not isinstance(row, dict) or not isinstance(result, dict):
+        return
+    outcome, kind = rollout_outcome(_as_collected(module, row, result))
+    try:
+        agent = str(helper._dispatch_name(row))
+    except Exception:
+        agent = NO_AGENT
+    event_id = result.get(ROW_FAILURE_ID)
+    attributes = {
+        key: value
+        for key, value in (
+            (names.ROLLOUT_TASK_INDEX, row.get(ROW_TASK_INDEX)),
+            (names.ROLLOUT_INDEX, row.get(ROW_ROLLOUT_INDEX)),
+        )
+        if isinstance(value, int) and not isinstance(value, bool)
+    }
+    count_rollout(agent, outcome, kind, event_id=event_id if isinstance(event_id, str) else None, attributes=attributes)
+
+
+NO_AGENT: Final = "(no agent)"
+
+
+def _as_collected(module: ModuleType, row: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The result as ``_run_from_config`` reads it: an episode response becomes its record."""
+    try:
+        if module._materialized_taskset(row) is not None and module._is_episode_response(result):
+            record: dict[str, Any] = module._episode_record(result)
+            return record
+    except Exception:
+        pass
+    return result
+
+
+def rollout_outcome(result: dict[str, Any]) -> tuple[str, str | None]:
+    """(outcome, kind) of one finished rollout's result, by collection's rules."""
+    failure_class = result.get(ROW_FAILURE_CLASS)
+    kind = failure_class if isinstance(failure_class, str) else None
+    if result.get(NO_PERSIST):
+        return names.ROLLOUT_OMITTED, kind
+    if failure_class is not None:
+        return names.ROLLOUT_FAILED, kind
+    if row_masked(result):
+        verify_kind = result.get(VERIFY_KIND)
+        return names.ROLLOUT_MASKED, verify_kind if isinstance(verify_kind, str) else None
+    return names.ROLLOUT_MEASURED, None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -170,6 +170,9 @@ def install(process: GymProcess | None = None) -> GymProcess | None:
     boundary, name = process.boundary, process.service_name
     hooks.set_client_boundary(boundary)
     hooks.set_transport_kind(lambda error: failures.attempt_kind(error, boundary))
+    from ng_otel.gym import request_loop
+
+    request_loop.install()  # each call of Gym's request loop a retry loop, its outcome counted once
     if boundary == "collection":
         from ng_otel.gym import collection_hook
 

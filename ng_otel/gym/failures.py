@@ -19,6 +19,7 @@ from ng_otel.contract import kinds as k
 from ng_otel.contract.events import MAX_REASON_CHARS, ForeignError, NgFailureEvent, bound_text
 from ng_otel.contract.inner_errors import GYM_ERROR_STATUS, RUN_ERROR_KINDS
 from ng_otel.contract.report import FailureReport
+from ng_otel.otel.recovery import last_attempt_of
 from ng_otel.otel.replies import ReplyEvidence, reply_of
 
 # An upstream status that names the failure whoever saw it (Gym: "timeout", "rate_limit").
@@ -79,9 +80,14 @@ def escaped_failure(
     record = event.to_record()
     evidence = reply_of(error)
     cause = _callee_failure(evidence)
+    attempt = last_attempt_of(error) if cause is None else None  # the request loop gave up on it
+    if attempt is not None:
+        cause = next(iter(attempt.events), None)
     if cause is not None:
         record["cause_id"] = cause
     own = FailureReport._trusted({event.event_id: record}, event.event_id)
+    if attempt is not None:
+        return own.merge(attempt)
     return own.merge(evidence.report) if evidence is not None and evidence.report is not None else own
 
 

@@ -48,6 +48,7 @@ from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import close_failure_log, current_failure_log, open_failure_log
 from ng_otel.otel.providers import settle_providers
 from ng_otel.otel.recorder import get_recorder, is_enabled, record_failure
+from ng_otel.otel.recovery import current_loop, keep_last_attempt
 from ng_otel.otel.replies import ReplyEvidence, attach_reply
 
 _OBSERVED = "_ng_otel_report"
@@ -113,6 +114,9 @@ def _start(context: SimpleNamespace, params: TraceRequestStartParams) -> None:
     )
     context.ng_otel_span = span
     propagate.inject(params.headers, context=trace.set_span_in_context(span))
+    loop = current_loop()  # a request outside any span (collection's /run): its loop keeps the span
+    if loop is not None:
+        loop.span_context = span.get_span_context()
 
 
 @guarded
@@ -120,6 +124,9 @@ def _end(context: SimpleNamespace, response: ClientResponse, boundary: str) -> N
     report = _observe(response, boundary)
     if _last_failure.get() is not None:
         _last_failure.set(None)  # answered: a later failure of the same request starts a new count
+        loop = current_loop()
+        if loop is not None:  # the attempt that answered after failed ones: where the retry delay ends
+            loop.attempt_started(getattr(context, "ng_otel_start", 0))
     span = getattr(context, "ng_otel_span", None)
     if response.status >= 400:
         where = span if span is not None else trace.get_current_span()
@@ -144,6 +151,13 @@ def _failed_attempt(context: SimpleNamespace, params: TraceRequestExceptionParam
     last = _last_failure.get()
     resend_count = last[1] + 1 if last is not None and last[0] == request else 0
     _last_failure.set((request, resend_count))
+    started = getattr(context, "ng_otel_start", None)
+    event_attributes: dict[str, Any] = {names.RESEND_COUNT: resend_count}
+    loop = current_loop()
+    retried = True
+    if loop is not None:  # a known retry loop (Gym's): its count, and whether it sends again
+        resend_count, retried = loop.attempt_failed(kind, params.exception, started)
+        event_attributes = {names.RESEND_COUNT: resend_count, names.RETRY_EXHAUSTED: not retried}
     foreign = ForeignError.from_exception(params.exception)
     reason = bound_text(f"{request}: {foreign.type.rsplit('.', 1)[-1]}: {foreign.message}")
     event = NgFailureEvent(kind, reason, boundary=boundary, foreign_error=foreign)
@@ -153,13 +167,16 @@ def _failed_attempt(context: SimpleNamespace, params: TraceRequestExceptionParam
     attempt = recorder.tracer.start_span(
         names.LATE_SPAN_PREFIX + kind,
         context=trace.set_span_in_context(parent),
-        start_time=getattr(context, "ng_otel_start", None),
-        attributes={**_request_attributes(params.method, params.url), names.RESEND_COUNT: resend_count},
+        start_time=started,
+        attributes={**_request_attributes(params.method, params.url), **event_attributes},
     )
     try:
-        recorder.record(report, attempt, own=False, recovered=True, event_attributes={names.RESEND_COUNT: resend_count})
+        # The attempt that ends the loop is on the chain of what the caller raises next.
+        recorder.record(report, attempt, own=False, recovered=retried, event_attributes=event_attributes)
     finally:
         attempt.end()
+    if not retried:
+        keep_last_attempt(params.exception, report)
     log = current_failure_log()
     if log is not None:
         log.add(report, own=False)

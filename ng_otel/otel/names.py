@@ -110,3 +110,64 @@ REPLAY_SPAN: Final = "ng.replay"
 """Span that carries the events of one replayed row that were not exported live."""
 
 INSTRUMENTATION_SCOPE: Final = "ng_otel"
+
+# -- recovery: retries, rollout outcomes, stalled work (docs/conventions.md "Recovery") ------
+
+RETRY_EXHAUSTED: Final = "ng.retry.exhausted"
+"""On a failed attempt's event of a known retry loop: true on the attempt that ended the loop
+(no retry followed), false on each one that was retried."""
+RETRY_OUTCOME: Final = "ng.retry.outcome"  # 4 values: the logical operation's, counted once
+RETRY_SUCCEEDED: Final = "succeeded_without_retry"
+RETRY_SUCCEEDED_AFTER_RETRY: Final = "succeeded_after_retry"
+RETRY_FAILED_AFTER_RETRY: Final = "failed_after_retry"
+RETRY_FAILED: Final = "failed_without_retry"
+RETRY_OUTCOMES: Final = (RETRY_SUCCEEDED, RETRY_SUCCEEDED_AFTER_RETRY, RETRY_FAILED_AFTER_RETRY, RETRY_FAILED)
+RETRY_NO_KIND: Final = "none"  # the kind label of an operation that never failed
+RETRY_METRIC: Final = "ng.retry.outcomes"
+RETRY_UNIT: Final = "{operation}"
+RETRY_DESCRIPTION: Final = "Operations that may retry (Gym's request loop, retry_loop), each counted once by outcome"
+RETRY_LABELS: Final = frozenset({BOUNDARY, KIND, RETRY_OUTCOME})
+RETRY_DELAY_METRIC: Final = "ng.retry.delay"
+RETRY_DELAY_UNIT: Final = "s"
+RETRY_DELAY_DESCRIPTION: Final = "Time a retried operation spent before its last attempt began (attempts and waits)"
+RETRY_DELAY_LABELS: Final = frozenset({BOUNDARY, RETRY_OUTCOME})
+
+ROLLOUT_AGENT: Final = "ng.rollout.agent"  # the agent's Gym config name, bounded by NG_OTEL_MAX_AGENTS
+ROLLOUT_OUTCOME: Final = "ng.rollout.outcome"  # 4 values, as collection decides them
+ROLLOUT_MEASURED: Final = "measured"
+ROLLOUT_MASKED: Final = "masked"
+ROLLOUT_FAILED: Final = "failed"
+ROLLOUT_OMITTED: Final = "omitted"
+ROLLOUT_OUTCOMES: Final = (ROLLOUT_MEASURED, ROLLOUT_MASKED, ROLLOUT_FAILED, ROLLOUT_OMITTED)
+ROLLOUT_METRIC: Final = "ng.rollout.outcomes"
+ROLLOUT_UNIT: Final = "{rollout}"
+ROLLOUT_DESCRIPTION: Final = "Rollouts by the outcome rollout collection gave them, counted as it decides each"
+ROLLOUT_LABELS: Final = frozenset({ROLLOUT_AGENT, ROLLOUT_OUTCOME, KIND})
+ROLLOUT_STALLED: Final = "ng.rollout.stalled"
+"""True on the ``ng.failure`` event of a rollout in flight past ``NG_OTEL_STALL_SECONDS``."""
+ROLLOUT_AGE: Final = "ng.rollout.age"  # seconds the stalled rollout had been in flight (event only)
+IN_FLIGHT_METRIC: Final = "ng.rollouts.in_flight"
+IN_FLIGHT_UNIT: Final = "{rollout}"
+IN_FLIGHT_DESCRIPTION: Final = "Rollouts collection has dispatched whose /run has not answered"
+OLDEST_AGE_METRIC: Final = "ng.rollouts.oldest_age"
+OLDEST_AGE_UNIT: Final = "s"
+OLDEST_AGE_DESCRIPTION: Final = "Age of the oldest rollout in flight (0 when none is)"
+STALLED_METRIC: Final = "ng.rollouts.stalled"
+STALLED_UNIT: Final = "{rollout}"
+STALLED_DESCRIPTION: Final = "Rollouts in flight for longer than NG_OTEL_STALL_SECONDS"
+OTHER_AGENT: Final = "_other"  # metric label once NG_OTEL_MAX_AGENTS distinct agents were seen
+
+# -- JSON lines when OpenTelemetry is off (docs/conventions.md "JSON lines") -----------------
+
+LINE_RECORD: Final = "ng.record"
+"""Key of a JSON line's record type: ``ng.failure``, ``ng.retry`` or ``ng.rollout``."""
+LINE_RETRY: Final = "ng.retry"
+LINE_ROLLOUT: Final = "ng.rollout"
+LINE_RECORDS: Final = (EVENT, LINE_RETRY, LINE_ROLLOUT)
+LINE_TIME: Final = "time_unix_nano"
+LINE_TRACE_ID: Final = "trace_id"  # 32 lowercase hex, absent outside any trace
+LINE_SPAN_ID: Final = "span_id"  # 16 lowercase hex, with the trace id
+LINE_SERVICE: Final = "service.name"
+RETRY_DELAY: Final = "ng.retry.delay"  # on a retry outcome line: seconds, as the histogram
+ROLLOUT_TASK_INDEX: Final = "ng.rollout.task_index"  # on a rollout outcome line: Gym's _ng_task_index
+ROLLOUT_INDEX: Final = "ng.rollout.index"  # on a rollout outcome line: Gym's _ng_rollout_index

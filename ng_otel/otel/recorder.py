@@ -38,6 +38,7 @@ from ng_otel.otel._failure_tally import FailureLabels, failure_tally
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.attributes import event_attributes
 from ng_otel.otel.failure_log import current_failure_log
+from ng_otel.otel.jsonl import process_lines
 from ng_otel.otel.links import NOT_EXPORTED, LinkIndex
 from ng_otel.otel.settings import Settings, SettingsError, warn_not_enabled
 
@@ -88,12 +89,14 @@ class FailureRecorder:
         self._spans = "spans" in self.settings.signals
         self._logger = logger if "logs" in self.settings.signals else None
         self._failures = failure_tally(meter)
+        self.meter = meter  # the recovery instruments (ng_otel.otel.recovery) are registered on it too
         self.verify_outcomes = meter.create_counter(
             names.VERIFY_METRIC, unit=names.VERIFY_UNIT, description=names.VERIFY_DESCRIPTION
         )
         self.omitted_reports = meter.create_counter(
             names.OMITTED_METRIC, unit=names.OMITTED_UNIT, description=names.OMITTED_DESCRIPTION
         )
+        self.lines = process_lines()  # JSON lines when OpenTelemetry is off (ng_otel.otel.jsonl)
 
     def record(
         self,
@@ -251,6 +254,8 @@ class FailureRecorder:
 
         if labels is not None:
             self._failures.add(labels, target.context)
+        if self.lines is not None:
+            self.lines.failure(attributes, target.context, self.tracer)
         if self._logger is not None:
             self._logger.emit(
                 event_name=names.EVENT,
@@ -378,20 +383,23 @@ def record_failure(failure: Failure, *, span: Span | None = None) -> None:
         _record(failure, span, own=True)
 
 
-def observe_failure(event: Failure) -> None:
+def observe_failure(event: Failure, *, attempt: int | None = None) -> None:
     """Record a failure recovered inside the current request (for example a retried model
     attempt): ``recovered=true``, no span status, and kept for the reply's report, where it
-    never becomes the ``failure_id``. Never raises."""
+    never becomes the ``failure_id``. ``attempt``: the failed attempt's resend count in your
+    own retry loop (0 for the first attempt, 1 for the first resend, ...), written as
+    ``http.request.resend_count`` (``ng_otel.retry_loop`` also counts the loop's outcome).
+    Never raises."""
     if _enabled:
-        _record(event, None, own=False)
+        _record(event, None, own=False, extra=None if attempt is None else {names.RESEND_COUNT: attempt})
 
 
 @guarded
-def _record(failure: Failure, span: Span | None, *, own: bool) -> None:
+def _record(failure: Failure, span: Span | None, *, own: bool, extra: Mapping[str, Any] | None = None) -> None:
     report = as_report(failure)
     if report is None:
         return
-    get_recorder().record(report, span, own=own, recovered=None if own else True)
+    get_recorder().record(report, span, own=own, recovered=None if own else True, event_attributes=extra)
     log = current_failure_log()
     if log is not None:
         log.add(report, own=own)

@@ -76,6 +76,30 @@ def parse_signals(raw: str) -> frozenset[str]:
     return items
 
 
+EXPORTS: Final = ("auto", "jsonl", "otel")
+
+
+def parse_export(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in EXPORTS:
+        raise ValueError("expected auto, jsonl or otel")
+    return value
+
+
+def parse_positive_seconds(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError("expected a positive number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("expected a positive number of seconds")
+    return value
+
+
+def parse_path(raw: str) -> str:
+    return raw.strip()
+
+
 def parse_positive_int(raw: str) -> int:
     try:
         value = int(raw.strip())
@@ -153,6 +177,43 @@ PARAMS: Final = (
         "which inherit a Gym deployment's environment; off, they export nothing of ng_otel's (and `_NG_OTEL_IN_RAY=1` "
         "marks them, so the processes they start are left out too)",
     ),
+    Param(
+        "stall_seconds",
+        "NG_OTEL_STALL_SECONDS",
+        parse_positive_seconds,
+        600.0,
+        "600",
+        "a rollout whose `/run` has not answered after this many seconds is stalled: counted in "
+        f"`{names.STALLED_METRIC}` and recorded once as an `{names.EVENT}` event with `{names.ROLLOUT_STALLED}=true`",
+    ),
+    Param(
+        "max_agents",
+        "NG_OTEL_MAX_AGENTS",
+        parse_positive_int,
+        64,
+        "64",
+        f"distinct agent names labelled per process (`{names.ROLLOUT_AGENT}`) before further new ones count as "
+        f"`{names.OTHER_AGENT}`",
+    ),
+    Param(
+        "export",
+        "NG_OTEL_EXPORT",
+        parse_export,
+        "auto",
+        "auto",
+        "`auto`: every failure event, retry outcome and rollout outcome is also one JSON line (docs/conventions.md, "
+        '"JSON lines") whenever no OpenTelemetry SDK records (no SDK tracer provider installed, '
+        "`OTEL_SDK_DISABLED=true`); `jsonl`: always; `otel`: never",
+    ),
+    Param(
+        "jsonl_file",
+        "NG_OTEL_JSONL_FILE",
+        parse_path,
+        "-",
+        "-",
+        "where the JSON lines go: `-` (or empty) for stderr, else a file appended to (opened once, each line written "
+        "whole)",
+    ),
 )
 
 
@@ -164,6 +225,10 @@ class Settings:
     link_index_size: int = 10_000
     sigterm_flush: bool = True
     ray_processes: bool = False
+    stall_seconds: float = 600.0
+    max_agents: int = 64
+    export: str = "auto"
+    jsonl_file: str = "-"
     sources: Mapping[str, Source] = field(default_factory=dict, compare=False, repr=False)
     """Where each value came from: ``argument``, ``environment`` or ``default``."""
 

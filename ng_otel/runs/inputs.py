@@ -16,6 +16,8 @@ from typing import IO, Any, Final, Protocol
 
 from orjson import JSONDecodeError, loads
 
+from ng_otel.otel import names
+
 MAX_ROW_BYTES: Final = 32 * 1024 * 1024
 """Longest line a bulk reader takes whole; a longer one is skipped without being held, so
 memory stays flat whatever a file holds (``/dev/zero`` included)."""
@@ -167,8 +169,19 @@ def is_otlp(value: Any) -> bool:
     )
 
 
+def is_record_line(value: Any) -> bool:
+    """One of ng_otel's own JSON lines (``NG_OTEL_EXPORT``, OpenTelemetry off): an object with
+    ``ng.record``. Read with OTLP JSON lines: the same events, one per line."""
+    return isinstance(value, dict) and names.LINE_RECORD in value
+
+
+def _is_telemetry(value: Any) -> bool:
+    return is_otlp(value) or is_record_line(value)
+
+
 class FileFormat:
-    """Rows or OTLP JSON lines, as a file's first JSON object says; one per file read."""
+    """Rows, or OTLP JSON lines and ng_otel's own JSON lines (both telemetry: ``otlp``), as a
+    file's first JSON object says; one per file read."""
 
     def __init__(self) -> None:
         self.otlp: bool | None = None  # undecided until the first JSON object
@@ -179,8 +192,8 @@ class FileFormat:
         if self.otlp is None:
             if not isinstance(value, dict):
                 return UNDECIDED_NOT_AN_OBJECT
-            self.otlp = is_otlp(value)
-        elif is_otlp(value) != self.otlp:
+            self.otlp = _is_telemetry(value)
+        elif _is_telemetry(value) != self.otlp:
             return ROW_AMONG_OTLP_LINES if self.otlp else OTLP_LINE_AMONG_ROWS
         return None
 

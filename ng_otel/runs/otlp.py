@@ -62,6 +62,9 @@ def otlp_failure_events(data: Mapping[str, Any], traces: set[str]) -> Iterator[t
                     event = _dict(event)
                     if event.get("name") == names.EVENT:
                         yield trace_id, _failure_attributes(event.get("attributes"), service), _time(event)
+    if data.get(names.LINE_RECORD) == names.EVENT:  # one of ng_otel's JSON lines: flat attributes
+        yield _line_trace_id(data), _line_failure_attributes(data), _line_time(data)
+        return
     for resource_logs in _list(data.get("resourceLogs")):
         service = _attributes(_dict(_dict(resource_logs).get("resource")).get("attributes")).get("service.name", "?")
         for scope_logs in _list(_dict(resource_logs).get("scopeLogs")):
@@ -74,7 +77,10 @@ def otlp_failure_events(data: Mapping[str, Any], traces: set[str]) -> Iterator[t
 def _failure_attributes(items: Any, service: Any) -> dict[str, Any] | None:
     """The event's attributes, or ``None`` when its id, kind or boundary is not one a row could
     hold either (so an OTLP line and a row are held to the same names)."""
-    attributes = _attributes(items)
+    return _checked(_attributes(items), service)
+
+
+def _checked(attributes: dict[str, Any], service: Any) -> dict[str, Any] | None:
     event_id, kind, boundary = (attributes.get(key) for key in (names.ID, names.KIND, names.BOUNDARY))
     if not (
         isinstance(event_id, str)
@@ -85,6 +91,22 @@ def _failure_attributes(items: Any, service: Any) -> dict[str, Any] | None:
         return None
     attributes["service.name"] = service
     return attributes
+
+
+def _line_failure_attributes(line: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An ``ng.failure`` JSON line's attributes, held to a row's names as an OTLP event's are."""
+    attributes = {key: value for key, value in line.items() if isinstance(value, (str, bool, int, float))}
+    return _checked(attributes, line.get(names.LINE_SERVICE, "?"))
+
+
+def _line_trace_id(line: Mapping[str, Any]) -> str:
+    trace_id = line.get(names.LINE_TRACE_ID)
+    return trace_id if isinstance(trace_id, str) else ""
+
+
+def _line_time(line: Mapping[str, Any]) -> int:
+    value = line.get(names.LINE_TIME)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _time(item: Mapping[str, Any]) -> int:
