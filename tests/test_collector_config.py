@@ -71,6 +71,9 @@ def test_sampler_keeps_every_trace_with_a_failure_event_and_gateway_routes_by_tr
 def test_no_prometheus_rule_or_dashboard_groups_by_an_unbounded_attribute():
     unbounded = {name.replace(".", "_") for name in UNBOUNDED}
     bounded = {name.replace(".", "_") for name in names.METRIC_LABELS}
+    # the recovery metrics' own bounded labels, a histogram's buckets, and Prometheus' target labels
+    recovery = names.RETRY_LABELS | names.ROLLOUT_LABELS
+    bounded |= {name.replace(".", "_") for name in recovery} | {"le", "job", "instance"}
     texts = [
         (CONFIG / "prometheus" / "rules.yaml").read_text(),
         (CONFIG / "grafana" / "dashboards" / "ng-failures.json").read_text(),
