@@ -39,6 +39,7 @@ import yaml
 
 from ng_otel.cli.receiver import OtlpReceiver, attributes
 from ng_otel.contract import FailureReport
+from ng_otel.contract.rows import row_report
 from tests.conftest import unused_port, wait_until
 
 pytestmark = [pytest.mark.real_gym, pytest.mark.e2e]
@@ -791,19 +792,23 @@ class TestCollection:
                 OTEL_METRICS_EXPORTER="none",
                 OTEL_LOGS_EXPORTER="none",
             )
+            # Each row is the chain its nested error body names (collection's event, then one per
+            # server), read as show and summary read it.
+            records = [record for row in failing for record in row_report(row).events.values()]  # type: ignore[union-attr]
             summary = (
-                f"replayed {len(rows)} rows: {len(failing)} with failures, {len(failing)} events exported, "
+                f"replayed {len(rows)} rows: {len(failing)} with failures, {len(records)} events exported, "
                 "0 failed to export, 0 skipped"
             )
             assert summary in out, out
             # The replay has exited, so every export it made has been answered, and stored first.
-            assert receiver.wait_for(lambda: len(receiver.failure_events()) >= len(failing), EXPORT_TIMEOUT)
+            assert receiver.wait_for(lambda: len(receiver.failure_events()) >= len(records), EXPORT_TIMEOUT)
             events = receiver.failure_events()
-            assert sorted(e["ng.failure.kind"] for e in events) == sorted(r["_ng_failure_class"] for r in failing)
+            assert sorted(e["ng.failure.kind"] for e in events) == sorted(r["failure_kind"] for r in records)
+            tops = {row_report(row).failure_id for row in failing}  # type: ignore[union-attr]
             for event in events:
                 assert event["ng.failure.boundary"] in FAILURE_BOUNDARIES, event
-                if event["ng.failure.kind"] != "judge_failed":  # a judge row may name the resources server
-                    assert event["ng.failure.boundary"] == "collection", event
+                if event["ng.failure.id"] in tops and event["ng.failure.kind"] != "judge_failed":
+                    assert event["ng.failure.boundary"] == "collection", event  # the row's own: collection saw it
         finally:
             receiver.stop()
 
@@ -1093,7 +1098,6 @@ class TestTheLaneSRowsAfterTheRun:
         self, deployment: Deployment
     ):
         from ng_otel.contract.inner_errors import parse_inner_error, row_chain_records, row_server_boundaries
-        from ng_otel.contract.rows import row_report
 
         row = deployment.task_rows("rollouts_failures.jsonl")["policy_500"]
         chain = parse_inner_error(row["_ng_failure_response_body"], server_boundaries=row_server_boundaries(row))
@@ -1162,3 +1166,128 @@ class TestTheLaneSRowsAfterTheRun:
         assert f"1 rollout(s) never finished: task {tasks.index('policy_drops')} rollout 0" in terminal
         page = render_page(summarise([rows]), "")  # the report's page (plotly is not in Gym's venv)
         assert "backend overloaded" in page and "model · policy_model" in page and "never finished" in page
+
+
+# -- recovery telemetry (issue 26): the same lane's retries, stalled rollout and outcomes -------
+
+
+def lane_points(path: Path, name: str, service: str) -> list[dict[str, Any]]:
+    """Every data point of metric ``name`` from ``service`` in an OTLP JSON lines file: sums,
+    gauges and histograms alike (``value`` for the first two, ``count`` and ``sum`` for the last)."""
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue  # the copy taken mid-run may end inside a line
+        for resource in request.get("resourceMetrics", ()):
+            if _attributes(resource["resource"].get("attributes")).get("service.name") != service:
+                continue
+            for scope in resource.get("scopeMetrics", ()):
+                for metric in scope.get("metrics", ()):
+                    if metric["name"] != name:
+                        continue
+                    for shape in ("sum", "gauge", "histogram"):
+                        for point in metric.get(shape, {}).get("dataPoints", ()):
+                            found.append(
+                                {
+                                    "time": int(point["timeUnixNano"]) / 1e9,
+                                    "attributes": _attributes(point.get("attributes")),
+                                    "value": float(point.get("asInt", point.get("asDouble", 0))),
+                                    "count": int(point.get("count", 0)),
+                                    "sum": float(point.get("sum", 0.0)),
+                                }
+                            )
+    return found
+
+
+def latest_by_series(points: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for point in points:
+        key = tuple(sorted(point["attributes"].items()))
+        if key not in latest or point["time"] >= latest[key]["time"]:
+            latest[key] = point
+    return latest
+
+
+class TestRecoveryInTheLane:
+    """What the lane's one run says of recovery: each retry loop counted once by outcome, the
+    rollout that never answers in flight and stalled (``NG_OTEL_STALL_SECONDS=6``), and every
+    rollout's outcome as collection decided it, equal to the coverage account of its files."""
+
+    def test_a_model_that_drops_twice_then_answers_succeeded_after_retry_with_its_delay_observed(
+        self, deployment: Deployment
+    ):
+        trace_id = deployment.fake_trace("DROPTWICE")
+        attempts = [
+            e
+            for e, s in deployment.live.events()
+            if s["trace_id"] == trace_id
+            and s["service"] == "policy_model"
+            and e["ng.failure.kind"] == "transport_peer_drop"
+        ]
+        assert [
+            (e["http.request.resend_count"], e["ng.retry.exhausted"], e["ng.failure.recovered"]) for e in attempts
+        ] == [
+            (0, False, True),
+            (1, False, True),
+        ]
+        outcomes = latest_by_series(lane_points(deployment.out / "otlp.jsonl", "ng.retry.outcomes", "policy_model"))
+        after_retry = [
+            p
+            for p in outcomes.values()
+            if p["attributes"]["ng.retry.outcome"] == "succeeded_after_retry"
+            and p["attributes"]["ng.failure.kind"] == "transport_peer_drop"
+        ]
+        assert [(p["attributes"]["ng.failure.boundary"], p["value"]) for p in after_retry] == [("model", 1.0)]
+        assert not [p for p in outcomes.values() if p["attributes"]["ng.retry.outcome"] == "failed_after_retry"]
+        healthy = [p for p in outcomes.values() if p["attributes"]["ng.retry.outcome"] == "succeeded_without_retry"]
+        assert healthy and all(p["attributes"]["ng.failure.kind"] == "none" for p in healthy)
+        (delay,) = latest_by_series(
+            lane_points(deployment.out / "otlp.jsonl", "ng.retry.delay", "policy_model")
+        ).values()
+        assert delay["attributes"] == {"ng.failure.boundary": "model", "ng.retry.outcome": "succeeded_after_retry"}
+        assert delay["count"] == 1 and 1.0 <= delay["sum"] < 10.0  # Gym waits 0.5 s after each drop
+
+    def test_the_rollout_that_never_answers_is_in_flight_stalled_and_one_event_in_its_trace(
+        self, deployment: Deployment
+    ):
+        during = deployment.out / "during.jsonl"
+        for metric, least in (("ng.rollouts.in_flight", 1), ("ng.rollouts.stalled", 1), ("ng.rollouts.oldest_age", 6)):
+            points = lane_points(during, metric, "gym-eval-run")
+            assert points and max(p["value"] for p in points) >= least, (metric, points[-3:])
+        stalled = [(e, s) for e, s in deployment.during.events() if e.get("ng.rollout.stalled") is True]
+        assert [
+            (e["ng.failure.kind"], e["ng.failure.boundary"], e["ng.failure.recovered"], s["service"])
+            for e, s in stalled
+        ] == [("agent_timeout", "collection", True, "gym-eval-run")]
+        event, span = stalled[0]
+        assert span["trace_id"] == deployment.fake_trace("DROP")  # the hung rollout's own trace
+        assert event["ng.rollout.age"] >= 6
+        # Gym retries the dropped connection forever: every attempt retried, none the last.
+        drops = [
+            e
+            for e, s in deployment.during.events()
+            if s["trace_id"] == deployment.fake_trace("DROP") and e["ng.failure.kind"] == "transport_peer_drop"
+        ]
+        assert drops and all(e["ng.retry.exhausted"] is False for e in drops)
+
+    def test_rollout_outcomes_are_counted_as_collection_decides_them_and_equal_the_coverage_account(
+        self, deployment: Deployment
+    ):
+        from ng_otel.runs.coverage import read_run_coverage, run_files
+
+        points = latest_by_series(lane_points(deployment.out / "otlp.jsonl", "ng.rollout.outcomes", "gym-eval-run"))
+        counted: dict[tuple[str, str, str], float] = {}
+        for point in points.values():
+            key = tuple(point["attributes"][k] for k in ("ng.rollout.agent", "ng.rollout.outcome", "ng.failure.kind"))
+            counted[key] = counted.get(key, 0) + point["value"]
+        agent = "simpleqa_simple_agent"
+        assert counted[(agent, "measured", "none")] == 2  # healthy, policy_drops_twice
+        # Gym 0.7.0 routes the judge failure judge_failsafe masked to the sidecar: collection
+        # decides it failed (judge_failed), as the coverage account of its files does.
+        assert counted[(agent, "failed", "judge_failed")] == 1
+        coverage = read_run_coverage(run_files(deployment.out / "run" / "rollouts.jsonl")).total
+        for outcome in ("measured", "masked", "failed", "omitted"):
+            total = sum(v for (_, o, _), v in counted.items() if o == outcome)
+            assert total == getattr(coverage, outcome), (outcome, counted, coverage)

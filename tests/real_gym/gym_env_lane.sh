@@ -68,6 +68,7 @@ export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$GRPC_PORT"
 export OTEL_LOGS_EXPORTER=none
 export OTEL_BSP_SCHEDULE_DELAY=500          # the span processor's schedule delay
 export OTEL_METRIC_EXPORT_INTERVAL=1000     # and the metric export interval: the lane's export interval
+export NG_OTEL_STALL_SECONDS=6             # policy_drops, which never answers, is stalled after 6 s
 
 set -m  # its own process group, with SIGINT live: how a terminal's Ctrl-C reaches every Gym process
 opentelemetry-instrument -- gym env start \
@@ -103,6 +104,8 @@ until [ "$(lines "$OUT/run/rollouts.jsonl")" -ge 2 ] && [ "$(lines "$OUT/run/rol
   waited=$((waited + 1))
 done
 phase "four of five rollouts have their rows; policy_drops is still being retried"
+for _ in $(seq 40); do grep -q '"ng.rollout.stalled"' "$OUT/otlp.jsonl" 2> /dev/null && break; sleep 0.5; done
+phase "policy_drops is stalled"
 sleep 2  # two export intervals
 cp "$OUT/otlp.jsonl" "$OUT/during.jsonl"
 date +%s.%N > "$OUT/during.time"
