@@ -5,6 +5,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 import tracemalloc
 
 import pytest
@@ -139,6 +140,7 @@ def test_replay_with_telemetry_switched_off_says_so_on_stderr_and_exits_1(rows, 
 @pytest.mark.e2e
 def test_the_final_flush_is_bounded_and_what_it_did_not_send_failed(rows, otlp, ng_otel_process):
     otlp.delay = 120.0  # a collector that holds every export: only the replay's own bound ends it
+    started = time.monotonic()
     done = ng_otel_process(
         "replay",
         str(rows),
@@ -147,15 +149,18 @@ def test_the_final_flush_is_bounded_and_what_it_did_not_send_failed(rows, otlp, 
         env={
             **HTTP,
             "OTEL_EXPORTER_OTLP_TIMEOUT": "100",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint,
-            # The spans' flush is what --timeout bounds. A metric export held the same way kept
-            # the process 30 s past its summary (the SDK's meter provider shutdown at exit).
-            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.http_endpoint,  # metrics too: held the same way
         },
     )
+    # The process ends with its flush: a held metric export kept it 30 s past its summary
+    # (the SDK's meter provider shutdown at exit). The start-up takes a few seconds here.
+    assert time.monotonic() - started < EXIT_AFTER_FLUSH_SECONDS, done.stdout + done.stderr
     assert done.returncode == 1, done.stdout + done.stderr
     assert "0 events exported, 2 failed to export" in done.stdout
     assert "still queued when the 1 s flush ended" in done.stdout
+
+
+EXIT_AFTER_FLUSH_SECONDS = 15.0  # start-up and a 1 s flush: the held export would take 30 s more
 
 
 HOSTILE_KEY = "[/red][link=http://evil.example]click[/link]"

@@ -190,13 +190,13 @@ def test_the_first_decoded_line_decides_the_format_and_lines_of_the_other_are_sk
 # -- file names -----------------------------------------------------------------------------
 
 
-def test_file_names_print_literally_with_control_characters_replaced(tmp_path, ng_otel_cli):
+def test_file_names_print_literally_with_control_characters_replaced(tmp_path, cli):
     (tmp_path / "[").mkdir()
     names = ["[/x].jsonl", "[red]x.jsonl", "esc\x1b[31mRED.jsonl", "back\\"]
     for name in names[:3]:
         write_lines(tmp_path / name, saved_row("r1"))
     (tmp_path / names[3]).write_text("")  # empty: its own line, "no rows"
-    done = ng_otel_cli("show", *names, cwd=tmp_path)
+    done = cli("show", *names, cwd=tmp_path)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "\x1b" not in done.stdout  # no escape sequence of a name reaches the terminal
     closing = [line for line in done.stdout.splitlines() if "shown from" in line or "no rows" in line]

@@ -29,8 +29,8 @@ _spec.loader.exec_module(mixed_rows)
 HOSTILE = "[/red][link=https://evil.example]click[/link]"
 
 
-def summary_json(ng_otel_cli, *paths):
-    done = ng_otel_cli("summary", "--json", *map(str, paths))
+def summary_json(cli, *paths):
+    done = cli("summary", "--json", *map(str, paths))
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout)
 
@@ -113,28 +113,28 @@ def generated(got: dict) -> dict:
 
 
 @pytest.mark.e2e
-def test_summary_json_gives_exactly_the_counts_the_generator_wrote(tmp_path, ng_otel_cli):
+def test_summary_json_gives_exactly_the_counts_the_generator_wrote(tmp_path, cli):
     path = tmp_path / "rows.jsonl"
     expected = mixed_rows.write_mixed_rows(path, 3_000, bad_every=700)
     assert expected["skipped"] == 4 and expected["events"] > expected["rows"]
-    got = summary_json(ng_otel_cli, path)
+    got = summary_json(cli, path)
     assert list(got) == list(SUMMARY_KEYS)
     assert generated(got) == expected
     assert got["by_server"] == {"(unnamed)": expected["events"]}  # no row here names its servers
     assert sum(root["count"] for root in got["root_causes"]) == expected["failed_rows"]
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(path.read_bytes())
-    twice = summary_json(ng_otel_cli, path, copy)  # several files: one summary
+    twice = summary_json(cli, path, copy)  # several files: one summary
     assert twice["rows"] == 2 * expected["rows"] and twice["by_kind"] == {
         k: 2 * v for k, v in expected["by_kind"].items()
     }
 
 
 @pytest.mark.e2e
-def test_summary_terminal_view_has_the_tables_and_each_skipped_line_number(tmp_path, ng_otel_cli):
+def test_summary_terminal_view_has_the_tables_and_each_skipped_line_number(tmp_path, cli):
     path = tmp_path / "rows.jsonl"
     mixed_rows.write_mixed_rows(path, 1_500, bad_every=700)
-    done = ng_otel_cli("summary", str(path))
+    done = cli("summary", str(path))
     assert done.returncode == 0, done.stderr
     for title in ("failures by kind and boundary", "INFRA vs DATA", "root causes, ranked", "failures by stage"):
         assert title in done.stdout
@@ -145,14 +145,14 @@ def test_summary_terminal_view_has_the_tables_and_each_skipped_line_number(tmp_p
 
 
 @pytest.mark.e2e
-def test_summary_of_a_missing_file_is_one_line_on_stderr_and_exit_2(tmp_path, ng_otel_cli):
-    done = ng_otel_cli("summary", str(tmp_path / "nope.jsonl"))
+def test_summary_of_a_missing_file_is_one_line_on_stderr_and_exit_2(tmp_path, cli):
+    done = cli("summary", str(tmp_path / "nope.jsonl"))
     assert done.returncode == 2
     assert done.stdout == "" and done.stderr.count("\n") == 1 and "no such file" in done.stderr
 
 
 @pytest.mark.e2e
-def test_hostile_lines_are_skipped_and_echoed_literally_by_show_summary_and_kinds(tmp_path, ng_otel_cli):
+def test_hostile_lines_are_skipped_and_echoed_literally_by_show_summary_and_kinds(tmp_path, cli):
     path = tmp_path / "hostile.jsonl"
     bad_key = {"_ng_failure_events": {HOSTILE: {"event_id": "q"}}}
     good = {
@@ -177,7 +177,7 @@ def test_hostile_lines_are_skipped_and_echoed_literally_by_show_summary_and_kind
         + b"\n"
     )
     for args, code in ((["show"], 0), (["summary"], 0), (["kinds", "--check"], 1)):
-        done = ng_otel_cli(*args, str(path))
+        done = cli(*args, str(path))
         assert done.returncode == code, (args, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr, args
         if args != ["kinds", "--check"]:
@@ -185,7 +185,7 @@ def test_hostile_lines_are_skipped_and_echoed_literally_by_show_summary_and_kind
             assert "line 2: skipped: invalid UTF-8" in done.stdout or ":2: skipped: invalid UTF-8" in done.stdout
             assert "longer than 33554432 bytes" in done.stdout and "depth limit exceeded" in done.stdout
             assert "agent_run_error" in done.stdout, args  # the deep row's failure, in every view
-    got = summary_json(ng_otel_cli, path)
+    got = summary_json(cli, path)
     assert (got["rows"], got["skipped"], got["events"], got["masked"]) == (3, 4, 3, 1)
     assert got["by_kind"] == {"agent_run_error": 1, "browser_crashed": 1, "judge_failed": 1}
 
@@ -229,10 +229,10 @@ def otlp_lines(otlp, path):
 
 
 @pytest.mark.e2e
-def test_summary_reads_otlp_json_lines_and_follows_a_cause_into_another_trace(tmp_path, otlp, ng_otel_cli):
+def test_summary_reads_otlp_json_lines_and_follows_a_cause_into_another_trace(tmp_path, otlp, cli):
     path = tmp_path / "telemetry.jsonl"
     otlp_lines(otlp, path)
-    got = summary_json(ng_otel_cli, path)
+    got = summary_json(cli, path)
     assert {key: got[key] for key in generated(got)} | {"traces": got["traces"]} == {
         "rows": 0,  # OTLP JSON lines hold traces, not rows
         "traces": 3,
@@ -248,10 +248,10 @@ def test_summary_reads_otlp_json_lines_and_follows_a_cause_into_another_trace(tm
 
 
 @pytest.mark.e2e
-def test_show_draws_a_chain_that_crosses_traces_as_one_tree(tmp_path, otlp, ng_otel_cli):
+def test_show_draws_a_chain_that_crosses_traces_as_one_tree(tmp_path, otlp, cli):
     path = tmp_path / "telemetry.jsonl"
     model, agent = otlp_lines(otlp, path)
-    done = ng_otel_cli("show", str(path), "--full-ids")
+    done = cli("show", str(path), "--full-ids")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     title = next(i for i, line in enumerate(lines) if line.startswith("traces "))
@@ -430,12 +430,12 @@ def test_log_records_outside_spans_count_their_traces_as_rows_in_summary_and_sho
 
 
 @pytest.mark.e2e
-def test_the_demos_rows_and_its_telemetry_agree_on_what_was_masked(tmp_path, ng_otel_cli):
+def test_the_demos_rows_and_its_telemetry_agree_on_what_was_masked(tmp_path, ng_otel_process, cli):
     # The demo saves rows as Gym does, the verify reply's mask_sample at the top of the row.
-    done = ng_otel_cli("demo", "--out", str(tmp_path / "demo"))
+    done = ng_otel_process("demo", "--out", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = summary_json(ng_otel_cli, tmp_path / "demo" / "rows.jsonl")
-    telemetry = summary_json(ng_otel_cli, tmp_path / "demo" / "telemetry.jsonl")
+    rows = summary_json(cli, tmp_path / "demo" / "rows.jsonl")
+    telemetry = summary_json(cli, tmp_path / "demo" / "telemetry.jsonl")
     assert rows["masked"] == telemetry["masked"] == 1
 
 
@@ -514,11 +514,11 @@ def test_an_odd_first_line_decides_nothing_and_odd_times_and_trace_ids_are_none(
 
 
 @pytest.mark.e2e
-def test_commands_that_list_kinds_print_no_warning_for_each_unregistered_one(tmp_path, ng_otel_cli):
+def test_commands_that_list_kinds_print_no_warning_for_each_unregistered_one(tmp_path, cli):
     path = tmp_path / "kinds.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"_ng_failure_class": f"made_up_{n}"}) + b"\n" for n in range(5)))
     for args in (["summary"], ["show"], ["kinds", "--check"]):
-        done = ng_otel_cli(*args, str(path))
+        done = cli(*args, str(path))
         assert "made_up_4" in done.stdout, args  # listed by the command itself ...
         assert "unregistered failure_kind" not in done.stderr, (args, done.stderr)  # ... not warned of again
 

@@ -59,9 +59,10 @@ def replay_file(
     count: bool = False,
     include_live: bool = False,
     flush_seconds: float | None = None,
-) -> int:
+) -> tuple[int, bool]:
     """Stream the rows through the configured exporters; memory stays flat on any size. The
-    final flush takes at most ``flush_seconds`` (default ``REPLAY_FLUSH_SECONDS``)."""
+    final flush takes at most ``flush_seconds`` (default ``REPLAY_FLUSH_SECONDS``). Returns the
+    exit status and whether the flush finished."""
     from ng_otel.cli._progress import progress_bar
     from ng_otel.cli._text import printable
     from ng_otel.gym.collection import ReplaySummary, replay_row
@@ -71,7 +72,7 @@ def replay_file(
     open_rows(path).close()  # a missing file or a device is a usage error before anything is set up
     if enable("ng-otel-replay") is None:
         sys.stderr.write("ng-otel: telemetry is disabled (NG_OTEL_ENABLED=0 or OTEL_* misconfigured)\n")
-        return EXIT_FAILED
+        return EXIT_FAILED, True
     tally = ExportTally(span_exporters())
     summary = ReplaySummary()
     pace = _Pace(tally)
@@ -132,7 +133,7 @@ def replay_file(
         f"{exported} events exported, {not_exported} failed to export, {summary.skipped_rows} skipped line(s); "
         f"events {counted}"
     )
-    return EXIT_OK if not summary.skipped_rows and not not_exported else EXIT_FAILED
+    return (EXIT_OK if not summary.skipped_rows and not not_exported else EXIT_FAILED), flushed
 
 
 def _without_unusable_contexts(row: Any) -> tuple[Any, str | None]:
@@ -206,4 +207,13 @@ def _within(seconds: float, work: Callable[[], Any]) -> bool:
 
 
 def replay_command(args: Any, console: Console) -> int:
-    return replay_file(args.file, console, count=args.count, include_live=args.include_live, flush_seconds=args.timeout)
+    code, flushed = replay_file(
+        args.file, console, count=args.count, include_live=args.include_live, flush_seconds=args.timeout
+    )
+    if not flushed:
+        # The bounded flush ran out and what it did not send is said: the SDK's own shutdown
+        # at exit would wait on the held exports as long again (30 s for a metric export).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
