@@ -177,7 +177,9 @@ def test_server_middleware_reads_verify_replies_as_the_asgi_middleware_does():
         return web.json_response(await request.json())
 
     async def scenario():
-        runner, url = await serve([web.post("/verify", verify), web.post("/score", verify)], [failure_report_middleware])
+        runner, url = await serve(
+            [web.post("/verify", verify), web.post("/score", verify)], [failure_report_middleware]
+        )
         try:
             async with aiohttp.ClientSession() as session:
                 replies = []

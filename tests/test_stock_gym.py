@@ -20,10 +20,9 @@ from ng_otel.contract import FailureReport
 from ng_otel.contract.rows import row_report
 from ng_otel.gym import collection_hook, deployment
 from ng_otel.gym.failures import escaped_failure, failure_kind_of
-from ng_otel.integrations import hooks, instrument_app
-from ng_otel.integrations.aiohttp import failure_trace_config
 from ng_otel.instrumentor import NgOtelInstrumentor, patch_framework
-from ng_otel.integrations import FRAMEWORKS
+from ng_otel.integrations import FRAMEWORKS, hooks, instrument_app
+from ng_otel.integrations.aiohttp import failure_trace_config
 from ng_otel.otel import names
 from ng_otel.otel.links import decode_context_header
 from ng_otel.testing import capture_failures
