@@ -377,3 +377,8 @@ def unused_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# The real Gym venv's session fixtures, registered once for every file that uses them (a file
+# importing them would make a second session fixture that waits on the first one's lock).
+from tests.gym_lane import gym_env_base, gym_venv  # noqa: E402, F401

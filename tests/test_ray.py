@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_real_gym import Received, _run, gym_env_base, gym_venv  # noqa: F401  (fixtures)
+from tests.gym_lane import _run
+from tests.test_real_gym import Received
 
 pytestmark = [pytest.mark.real_gym, pytest.mark.e2e]
 
@@ -56,7 +57,7 @@ class RayLane:
 
 
 @pytest.fixture(scope="module")
-def lane(gym_venv, gym_env_base, tmp_path_factory) -> RayLane:  # noqa: F811
+def lane(gym_venv, gym_env_base, tmp_path_factory) -> RayLane:
     """One run of ``tests/ray_lane/lane.sh``: one Ray cluster for the module."""
     out = tmp_path_factory.mktemp("ray-lane")
     if shutil.which("unshare") is None or os.geteuid() != 0:

@@ -17,7 +17,6 @@ Run just this lane with ``make real-gym``.
 
 from __future__ import annotations
 
-import fcntl
 import http.client
 import itertools
 import json
@@ -41,6 +40,7 @@ from ng_otel.cli.receiver import OtlpReceiver, attributes
 from ng_otel.contract import FailureReport
 from ng_otel.contract.rows import row_report
 from tests.conftest import unused_port, wait_until
+from tests.gym_lane import GymVenv, _run
 
 pytestmark = [pytest.mark.real_gym, pytest.mark.e2e]
 
@@ -57,111 +57,6 @@ RAISED_KIND = "real_gym:lookup_failed"  # the kind resources_app.py raises
 REPR_BODY = re.compile(
     r"\"NgFailureEvent\('real_gym:lookup_failed', boundary='resources_server', event_id='(?P<id>[0-9a-f]{32})'\)\""
 )
-
-
-# -- the Gym venv, with this checkout's ng_otel ------------------------------------------------
-
-REPO = Path(__file__).resolve().parent.parent
-GYM_VENV_TIMEOUT = 30 * 60  # building the cached venv from the registry takes ~3 minutes
-INSTALL_TIMEOUT = 15 * 60
-
-
-@dataclass(frozen=True)
-class GymVenv:
-    """The cached Python 3.13 venv with the real ``nemo-gym`` and ng_otel installed from a
-    wheel built from this checkout in this session."""
-
-    path: Path
-    wheel: Path  # the unzipped nemo-gym wheel: its sources, for reading
-
-    @property
-    def python(self) -> Path:
-        return self.path / "bin" / "python"
-
-    def bin(self, name: str) -> Path:
-        return self.path / "bin" / name
-
-
-def _run(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
-
-
-def _real_gym(what: str) -> subprocess.CompletedProcess:
-    return _run(["bash", str(REPO / "tools" / "real-gym.sh"), what], GYM_VENV_TIMEOUT, cwd=REPO)
-
-
-def gym_install_line(wheel: str) -> list[str]:
-    """What docs/gym.md has a user install into Gym's venv, with ng_otel from ``wheel``."""
-    return [f"ng-otel[instrument,fastapi,aiohttp] @ {wheel}", "opentelemetry-exporter-otlp"]
-
-
-@pytest.fixture(scope="session")
-def gym_venv(ng_otel_dist) -> Iterator[GymVenv]:
-    """Real NeMo Gym 0.7.0 (``tools/real-gym.sh venv``) with this checkout's ng_otel installed.
-
-    Skipped only when the registry cannot be reached: if the venv cannot be built but the Gym
-    wheel can still be downloaded, the lane fails instead. Every session builds ng_otel as a
-    wheel and installs it with what ``opentelemetry-instrument`` needs in one resolver pass
-    (so the contrib packages agree with the SDK Gym already has), then reinstalls ng_otel
-    itself, so the lane always tests the current code. An exclusive lock on the venv is held
-    while installing and a shared one while the session runs, so concurrent sessions never
-    test each other's ng_otel.
-    """
-    made = _real_gym("venv")
-    if made.returncode != 0:
-        wheel = _real_gym("wheel")
-        if wheel.returncode != 0:
-            pytest.skip(f"the package registry is unreachable: nemo-gym cannot be downloaded\n{wheel.stderr[-2000:]}")
-        pytest.fail(f"tools/real-gym.sh venv failed although the registry answers:\n{made.stderr[-4000:]}")
-    venv = Path(made.stdout.strip().splitlines()[-1])
-    wheel_dir = _real_gym("wheel")
-    if wheel_dir.returncode != 0:
-        pytest.fail(f"tools/real-gym.sh wheel failed:\n{wheel_dir.stderr[-4000:]}")
-
-    lock = open(venv / ".ng-otel-lane.lock", "w")  # held (shared) for the whole session
-    _lock(lock, fcntl.LOCK_EX)
-    try:
-        (built_wheel,) = ng_otel_dist.glob("ng_otel-*.whl")  # built from a clean copy of the tree
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
-        deps = _run([*pip, "install", "--quiet", *gym_install_line(built_wheel.as_uri())], INSTALL_TIMEOUT)
-        if deps.returncode != 0:
-            pytest.fail(f"installing ng_otel's no-code dependencies into {venv} failed:\n{deps.stderr[-4000:]}")
-        # A cached venv an older lane set up may hold the distro: it would configure the SDK
-        # first and give every server of a `gym env start` the one OTEL_SERVICE_NAME.
-        _run([*pip, "uninstall", "--quiet", "--yes", "opentelemetry-distro"], INSTALL_TIMEOUT)
-        itself = _run([*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(built_wheel)], INSTALL_TIMEOUT)
-        if itself.returncode != 0:
-            pytest.fail(f"reinstalling ng_otel into {venv} failed:\n{itself.stderr[-4000:]}")
-        check = _run([*pip, "check"], 120)
-        if check.returncode != 0:
-            pytest.fail(f"pip check in {venv} after installing ng_otel:\n{check.stdout}{check.stderr}")
-    finally:
-        _lock(lock, fcntl.LOCK_SH)
-    try:
-        yield GymVenv(venv, Path(wheel_dir.stdout.strip().splitlines()[-1]))
-    finally:
-        lock.close()
-
-
-def _lock(handle, mode: int, timeout: float = INSTALL_TIMEOUT) -> None:
-    def taken() -> bool:
-        try:
-            fcntl.flock(handle, mode | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-
-    wait_until(taken, timeout, f"{handle.name}, which another session holds")
-
-
-@pytest.fixture(scope="session")
-def gym_env_base() -> dict[str, str]:
-    """The environment every real-Gym process starts from: this one without anything that
-    would point it at the checkout or at another venv."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_", "NEMO_GYM_"))}
-    for key in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
-        env.pop(key, None)
-    return env
 
 
 # -- HTTP, as raw as the reply comes ---------------------------------------------------------
@@ -1113,7 +1008,8 @@ class TestTheLaneSRowsAfterTheRun:
         stock = {key: value for key, value in row.items() if key not in SAVED_REPORT_KEYS}
         outer = row_report(stock)
         assert outer is not None and outer.failure_id is not None
-        records, servers = row_chain_records(stock, outer.events[outer.failure_id])
+        own = {key: value for key, value in outer.events[outer.failure_id].items() if key != "cause_id"}
+        records, servers = row_chain_records(stock, own)  # collection's own record, then the body's chain
         live, current = [], row["_ng_failure_id"]
         while current is not None:
             event, span = deployment.live.by_id()[current]
@@ -1159,8 +1055,10 @@ class TestTheLaneSRowsAfterTheRun:
         assert got["coverage"] == {"expected": 5, "measured": 2, "masked": 0, "failed": 2, "omitted": 0, "unknown": 1}
         never = [(item["task_index"], item["rollout_index"]) for item in got["unknown_rollouts"]]
         assert never == [(tasks.index("policy_drops"), 0)]
-        roots = {(root["failure_kind"], root["server"], root["reason"]) for root in got["root_causes"]}
-        assert ("provider_unavailable", "policy_model", "backend overloaded") in roots  # where, and why
+        # Where, and why: the rows saved the live report, whose root's reason quotes the provider.
+        roots = [root for root in got["root_causes"] if root["server"] == "policy_model"]
+        assert [root["failure_kind"] for root in roots] == ["provider_unavailable"]
+        assert "backend overloaded" in roots[0]["reason"]
         assert got["by_server"]["policy_model"] >= 1 and got["by_server"]["simpleqa_simple_agent"] >= 2
         terminal = ng_otel_cli(gym_venv, gym_env_base, tmp_path, "summary", str(rows))
         assert f"1 rollout(s) never finished: task {tasks.index('policy_drops')} rollout 0" in terminal
