@@ -32,9 +32,10 @@ from typing import Any, Final
 
 from ng_otel.contract.inner_errors import RUN_ERROR_KINDS
 from ng_otel.gym.failures import STATUS_KINDS, attempt_kind
+from ng_otel.integrations.hooks import rules
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.recorder import is_enabled
-from ng_otel.otel.recovery import RetryLoop, in_flight
+from ng_otel.otel.recovery import RetryLoop, count_success, in_flight
 
 MODULE: Final = "nemo_gym.server_utils"
 FUNCTION: Final = "_request_with_retries"
@@ -148,7 +149,11 @@ def _wrap(module: ModuleType) -> None:
             loop.ended = True
             raise
         else:
-            _answered(loop, response)
+            if loop.retries == 0 and loop.kind is None and getattr(response, "status", 0) < 400:
+                loop.ended = True
+                count_success(loop.boundary)  # the healthy path: one dict increment
+            else:
+                _answered(loop, response)
             return response
         finally:
             _leave(loop)
@@ -158,8 +163,6 @@ def _wrap(module: ModuleType) -> None:
 
 
 def _start(rule: GymRetryRule, url: Any) -> RetryLoop:
-    from ng_otel.integrations.hooks import rules
-
     loop = RetryLoop(rules.client_boundary, will_retry=rule).enter()
     if _tracking_runs and str(url).split("?", 1)[0].endswith(RUN_PATH):
         _rollout_started(loop)

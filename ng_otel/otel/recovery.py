@@ -160,8 +160,15 @@ _instruments: WeakKeyDictionary[Meter, Instruments] = WeakKeyDictionary()
 _instruments_lock = threading.Lock()
 
 
+_latest: tuple[FailureRecorder | None, Instruments | None] = (None, None)  # the last recorder asked for
+
+
 def instruments(recorder: FailureRecorder) -> Instruments:
     """The recovery instruments on ``recorder``'s meter, registered on first use."""
+    global _latest
+    known, tools = _latest
+    if known is recorder and tools is not None:
+        return tools
     meter = recorder.meter
     found = _instruments.get(meter)
     if found is None:
@@ -169,7 +176,13 @@ def instruments(recorder: FailureRecorder) -> Instruments:
             found = _instruments.get(meter)
             if found is None:
                 found = _instruments[meter] = Instruments(meter)
+    _latest = (recorder, found)
     return found
+
+
+def count_success(boundary: str) -> None:
+    """The healthy path: an operation that succeeded at its first attempt, counted."""
+    instruments(get_recorder()).retries.add((boundary, names.RETRY_NO_KIND, names.RETRY_SUCCEEDED))
 
 
 # -- retry loops --------------------------------------------------------------------------------
