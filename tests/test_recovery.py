@@ -471,11 +471,17 @@ def test_summary_and_show_read_the_json_lines(otel_off):
     effect.__cause__ = cause
     record_failure(effect)
     recovery.count_rollout("simple_agent", "measured")
+    recovery.count_rollout("simple_agent", "failed", "agent_run_error", event_id=effect.event_id)
+    with recovery.retry_loop("model") as loop:
+        loop.retry(NgFailureEvent("transport_timeout", "slow", boundary="model"))
     figures = summarise([otel_off]).to_json()
-    assert (figures["events"], figures["failed_rows"], figures["skipped"]) == (2, 1, 0)
+    assert (figures["events"], figures["failed_rows"], figures["skipped"]) == (3, 1, 0)  # the retried attempt too
     assert figures["root_kinds"] == {"provider_unavailable": 1}
-    (group,) = list(groups_from_lines(file_lines(otel_off)))
-    assert set(group.events) == {cause.event_id, effect.event_id}
+    # The same facts the metrics would count: each outcome once, from its line.
+    assert figures["rollout_outcomes"] == {"measured": 1, "failed": 1}
+    assert figures["retry_outcomes"] == {"succeeded_after_retry": 1}
+    groups = [set(group.events) for group in groups_from_lines(file_lines(otel_off))]
+    assert {cause.event_id, effect.event_id} in groups and len(groups) == 2  # the chain; the retried attempt
 
 
 def test_with_an_sdk_no_line_is_written_unless_jsonl_is_asked_for(tmp_path):

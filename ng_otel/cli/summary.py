@@ -83,6 +83,9 @@ def render(summary: Summary, console: Console) -> None:
         for chain, count in s.top_chains(5):
             chains.add_row(" ← ".join(_hop(hop) for hop in chain), f"{count:,}")
         console.print(chains)
+    for title, counts in (("retry outcomes", s.retry_outcomes), ("rollout outcomes", s.rollout_outcomes)):
+        if counts:  # from OTLP metrics, or ng_otel's own JSON lines with OpenTelemetry off
+            console.print(_two_columns(title, "outcome", Counter(counts), sum(counts.values())))
     render_coverage(s, console)
     for where, line in s.skipped_lines:
         console.print(f"[red]{printable(where, 200)}:{line.line}: skipped: {printable(line.reason, 200)}[/red]")

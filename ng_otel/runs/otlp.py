@@ -19,7 +19,7 @@ __all__ = [
     "OtlpFailure",
     "otlp_failure_events",
     "otlp_line_failures",
-    "otlp_verify_outcomes",
+    "otlp_counter_points",
     "record_of",
 ]
 
@@ -147,24 +147,29 @@ def _attributes(items: Any) -> dict[str, Any]:
     return values
 
 
-def otlp_verify_outcomes(data: Mapping[str, Any]) -> Iterator[tuple[tuple[Any, ...], int]]:
-    """(series, total so far) for each data point of the ``ng.verify.outcomes`` counter in one
-    OTLP JSON line: a series is its service, attributes and start time, so the latest point of
-    a cumulative sum is the series' total. Tolerant of any shape."""
+COUNTED_METRICS: Final = frozenset({names.VERIFY_METRIC, names.RETRY_METRIC, names.ROLLOUT_METRIC})
+"""The counters the after-the-run readers total: verify, retry and rollout outcomes."""
+
+
+def otlp_counter_points(data: Mapping[str, Any]) -> Iterator[tuple[str, tuple[Any, ...], int]]:
+    """(metric, series, total so far) for each data point of a ``COUNTED_METRICS`` counter in
+    one OTLP JSON line: a series is its service, attributes (sorted pairs) and start time, so
+    the latest point of a cumulative sum is the series' total. Tolerant of any shape."""
     for resource_metrics in _list(data.get("resourceMetrics")):
         resource = _dict(resource_metrics).get("resource")
         service = _attributes(_dict(resource).get("attributes")).get("service.name", "?")
         for scope_metrics in _list(_dict(resource_metrics).get("scopeMetrics")):
             for metric in _list(_dict(scope_metrics).get("metrics")):
                 metric = _dict(metric)
-                if metric.get("name") != names.VERIFY_METRIC:
+                name = metric.get("name")
+                if name not in COUNTED_METRICS:
                     continue
                 for point in _list(_dict(metric.get("sum")).get("dataPoints")):
                     point = _dict(point)
                     total = _count_of(point)
                     if total is not None:
                         labels = tuple(sorted(_attributes(point.get("attributes")).items()))
-                        yield (str(service), labels, str(point.get("startTimeUnixNano", ""))), total
+                        yield str(name), (str(service), labels, str(point.get("startTimeUnixNano", ""))), total
 
 
 def _count_of(point: Mapping[str, Any]) -> int | None:

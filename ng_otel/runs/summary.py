@@ -44,7 +44,7 @@ from ng_otel.runs.coverage import (
     run_files,
 )
 from ng_otel.runs.inputs import SkippedLine, SkippedLines, Wrap, file_lines, formatted_lines
-from ng_otel.runs.otlp import NO_TRACE_IDS, otlp_line_failures, otlp_verify_outcomes
+from ng_otel.runs.otlp import NO_TRACE_IDS, otlp_counter_points, otlp_line_failures
 
 SUMMARY_KEYS: Final = (
     "rows",
@@ -59,6 +59,8 @@ SUMMARY_KEYS: Final = (
     "root_causes",
     "masked",
     "verify_outcomes",
+    "retry_outcomes",
+    "rollout_outcomes",
     "skipped",
     "coverage",
     "coverage_by_agent",
@@ -131,7 +133,10 @@ class Summary:
         # id -> kind, boundary, cause, recovered, server, reason line
         self._otlp: dict[str, tuple[str, str, str | None, bool, str, str]] = {}
         self._traces: set[str] = set()
-        self._verify: dict[tuple[Any, ...], int] = {}  # a verify-outcome series -> its latest total
+        # (metric, series) -> its latest total: verify, retry and rollout outcomes from OTLP metrics
+        self._counters: dict[tuple[str, tuple[Any, ...]], int] = {}
+        # Outcomes ng_otel's own JSON lines said, one a line (OpenTelemetry off: NG_OTEL_EXPORT)
+        self._line_outcomes: dict[str, Counter[str]] = {names.LINE_RETRY: Counter(), names.LINE_ROLLOUT: Counter()}
         # Hot path: one dict entry per distinct event of a row (RowTally: classified once, by
         # finish), per distinct classified OTLP event, and per distinct (chain, root cause);
         # finish() folds them into the figures.
@@ -173,7 +178,27 @@ class Summary:
     @property
     def verify_outcomes(self) -> int | None:
         """Verify outcomes the OTLP metrics counted (``ng.verify.outcomes``), ``None`` without any."""
-        return sum(self._verify.values()) if self._verify else None
+        totals = [total for (metric, _), total in self._counters.items() if metric == names.VERIFY_METRIC]
+        return sum(totals) if totals else None
+
+    def outcomes(self, metric: str, label: str, line: str) -> dict[str, int]:
+        """The counts of ``metric`` by its ``label`` (the OTLP metrics' latest totals), or, in
+        ng_otel's own JSON lines, one a ``line`` record, most frequent first."""
+        counts: Counter[str] = Counter(self._line_outcomes[line])
+        for (name, series), total in self._counters.items():
+            if name == metric:
+                counts[str(dict(series[1]).get(label, names.OTHER_KIND))] += total
+        return dict(counts.most_common())
+
+    @property
+    def retry_outcomes(self) -> dict[str, int]:
+        """Operations that may retry, by outcome (``ng.retry.outcomes`` / ``ng.retry`` lines)."""
+        return self.outcomes(names.RETRY_METRIC, names.RETRY_OUTCOME, names.LINE_RETRY)
+
+    @property
+    def rollout_outcomes(self) -> dict[str, int]:
+        """Rollouts by the outcome collection gave them (``ng.rollout.outcomes`` / ``ng.rollout`` lines)."""
+        return self.outcomes(names.ROLLOUT_METRIC, names.ROLLOUT_OUTCOME, names.LINE_ROLLOUT)
 
     def skip(self, where: str, line: SkippedLine) -> None:
         """Count ``line`` of the file ``where`` as skipped (listed among the first few)."""
@@ -273,9 +298,19 @@ class Summary:
     def add_otlp(self, value: Any, number: int, where: str = "") -> None:
         """One OTLP JSON line: each ``ng.failure`` event once, by id; its traces; its verify
         outcomes' latest totals."""
-        for series, total in otlp_verify_outcomes(value):
-            if total > self._verify.get(series, -1) and (series in self._verify or len(self._verify) < MAX_DISTINCT):
-                self._verify[series] = total  # a cumulative sum: its latest point is its total
+        record = value.get(names.LINE_RECORD)
+        if record in self._line_outcomes:  # one of ng_otel's retry or rollout outcome lines
+            label = names.RETRY_OUTCOME if record == names.LINE_RETRY else names.ROLLOUT_OUTCOME
+            outcome = value.get(label)
+            counted = self._line_outcomes[record]
+            if isinstance(outcome, str) and (outcome in counted or len(counted) < MAX_DISTINCT):
+                counted[outcome] += 1
+            return
+        counters = self._counters
+        for metric, series, total in otlp_counter_points(value):
+            key = (metric, series)
+            if total > counters.get(key, -1) and (key in counters or len(counters) < MAX_DISTINCT):
+                counters[key] = total  # a cumulative sum: its latest point is its total
         failures, skipped = otlp_line_failures(number, value, self._traces)
         if skipped is not None:
             self.skip(where, skipped)
@@ -414,6 +449,8 @@ class Summary:
             ],
             "masked": self.masked,
             "verify_outcomes": self.verify_outcomes,
+            "retry_outcomes": self.retry_outcomes,
+            "rollout_outcomes": self.rollout_outcomes,
             "skipped": self.skipped,
             "coverage": coverage.get("coverage"),
             "coverage_by_agent": coverage.get("coverage_by_agent"),
