@@ -30,6 +30,19 @@ def binary(name):
     return found
 
 
+def rules_without_waits(folder: Path) -> Path:
+    """The shipped rules written to ``folder``, every alert's ``for`` set to 0s, so a test that
+    fires them from real failures need not wait minutes."""
+    rules = yaml.safe_load((RULES_DIR / "rules.yaml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["for"] = "0s"
+    path = folder / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    return path
+
+
 def test_promtool_accepts_the_rules():
     done = subprocess.run(
         [binary("promtool"), "check", "rules", "rules.yaml"], cwd=RULES_DIR, capture_output=True, text=True
@@ -91,16 +104,10 @@ def test_real_prometheus_fires_the_surge_alert_from_real_failures(tmp_path: Path
     }
     quiet = {"OTEL_TRACES_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
 
-    # The shipped rules, with every `for` set to 0s so the test need not wait minutes.
-    rules = yaml.safe_load((RULES_DIR / "rules.yaml").read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if "alert" in rule:
-                rule["for"] = "0s"
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    rules = rules_without_waits(tmp_path)
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(tmp_path / "rules.yaml")],
+        "rule_files": [str(rules)],
         "scrape_configs": [
             {
                 "job_name": "gym",

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import unused_port, wait_until
-from tests.test_prometheus import RULES_DIR, api, binary, listening_address, wait
+from tests.test_prometheus import api, binary, listening_address, rules_without_waits, wait
 from tests.test_recovery import WHEEL
 
 pytestmark = pytest.mark.e2e
@@ -28,15 +28,10 @@ def test_real_prometheus_fires_exhaustion_and_stalled_alerts_from_real_retry_loo
         pytest.skip(f"{WHEEL} is missing: tools/real-gym.sh wheel unzips NeMo Gym 0.7.0")
     prometheus = binary("prometheus")
     port = unused_port()
-    rules = yaml.safe_load((RULES_DIR / "rules.yaml").read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if "alert" in rule:
-                rule["for"] = "0s"
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    rules = rules_without_waits(tmp_path)
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(tmp_path / "rules.yaml")],
+        "rule_files": [str(rules)],
         "scrape_configs": [{"job_name": "gym", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
