@@ -522,3 +522,14 @@ def test_the_recovery_names_are_documented():
         names.ROLLOUT_INDEX,
     ):
         assert f"`{name}`" in text, name
+
+
+def test_a_json_line_names_the_service_as_the_sdk_reads_the_standard_variables(monkeypatch, tmp_path):
+    # OTEL_RESOURCE_ATTRIBUTES values are percent-encoded (the spec's W3C baggage octets).
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=rl,service.name=policy%20model")
+    lines = JsonLines("jsonl", str(tmp_path / "lines.jsonl"))
+    lines.write(names.EVENT, {names.ID: "e1"})
+    lines.close()
+    (line,) = read_lines(tmp_path / "lines.jsonl")
+    assert line[names.LINE_SERVICE] == "policy model"

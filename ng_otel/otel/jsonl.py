@@ -40,14 +40,12 @@ def _sdk_disabled() -> bool:
 
 
 def _service_name() -> str | None:
-    named = os.environ.get("OTEL_SERVICE_NAME", "").strip()
-    if named:
-        return named
-    for item in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
-        key, _, value = item.partition("=")
-        if key.strip() == "service.name" and value.strip():
-            return value.strip()
-    return None
+    """The service the standard variables name, as the SDK reads them (``OTEL_SERVICE_NAME``,
+    else ``OTEL_RESOURCE_ATTRIBUTES``, percent-decoded); ``None`` for the SDK's unknown one."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    name = str(Resource.create().attributes.get(SERVICE_NAME, ""))
+    return None if not name or name.startswith("unknown_service") else name
 
 
 class JsonLines:
