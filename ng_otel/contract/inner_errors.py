@@ -263,11 +263,11 @@ _HIGH_SURROGATES: Final = range(0xD800, 0xDC00)
 _LOW_SURROGATES: Final = range(0xDC00, 0xE000)
 _SURROGATE_BASE: Final = 0x10000
 _SURROGATE_BITS: Final = 10
-_UNICODE_ESCAPE_CHARS: Final = 2 + _UNICODE_ESCAPE_DIGITS  # \\uXXXX
+_UNICODE_ESCAPE_CHARS: Final = 2 + _UNICODE_ESCAPE_DIGITS  # a backslash, "u", four hex digits
 
 
 def _unicode_escape(text: str, start: int) -> tuple[str, int]:
-    """The character of the ``\\uXXXX`` escape at ``start`` (a surrogate pair joined, a
+    """The character of the ``\\u`` escape (four hex digits) at ``start`` (a surrogate pair joined, a
     lone surrogate replaced: no reason may hold one, which UTF-8 cannot write) and where the
     text goes on."""
     end = start + _UNICODE_ESCAPE_CHARS

@@ -482,7 +482,7 @@ def summarise(
     how to read each (a progress bar)."""
     summary = Summary()
     read: set[tuple[int, int]] = set()
-    runs: dict[Path, tuple[CoverageReader, bool]] = {}  # main rows -> its reader, whether its inputs were read
+    runs: dict[Path, CoverageReader] = {}  # a run's main rows -> its account's reader
 
     def first_time(path: Path) -> bool:
         try:
@@ -505,22 +505,20 @@ def summarise(
         if files is None:
             add(path, None)
             continue
-        reader, _ = runs.setdefault(files.rows, (CoverageReader(), False))
-        role = INPUTS if path.name.endswith(MATERIALIZED_SUFFIX + ROWS_SUFFIX) else None
-        if role is None:
+        reader = runs.setdefault(files.rows, CoverageReader())
+        if not path.name.endswith(MATERIALIZED_SUFFIX + ROWS_SUFFIX):  # inputs are read below, never as rows
             role = FAILED_ROWS if path.name.endswith(FAILURES_SUFFIX + ROWS_SUFFIX) else SCORED_ROWS
             add(path, (reader, role))
-    for rows, (reader, _) in list(runs.items()):
+    for rows, reader in runs.items():
         files = run_files(rows)
         for beside, role in ((files.rows, SCORED_ROWS), (files.failures, FAILED_ROWS)):
             if beside is not None and beside.is_file() and first_time(beside):
                 summary.found_beside.append(str(beside))
                 summary.add_file(beside, wrap(beside) if wrap is not None else None, (reader, role))
+        has_inputs = files.inputs is not None
         if files.inputs is not None:
             for _, value in file_lines(files.inputs):
                 reader.add(value, INPUTS)
-        runs[rows] = (reader, files.inputs is not None)
-    for rows, (reader, has_inputs) in runs.items():
         if reader.entries or has_inputs:  # rows read as rows (an OTLP file holds no rollout)
             summary.coverage[str(rows)] = reader.account(has_inputs=has_inputs, min_valid=min_valid)
     return summary.finish()
