@@ -8,7 +8,9 @@ to the model's span.
 
 A load generator in its own process (aiohttp, keep-alive) drives one server at a time at
 concurrency 256 and 1,024; A, B and off alternate over several rounds, and every figure is a
-ratio of neighbours in one round (median, and the range over rounds in brackets).
+ratio of neighbours in one round (median, and the range over rounds in brackets). Requests/s
+is each worker's requests over the time they took, summed (``_load.rate``): replies come in
+waves, and a count of replies in a fixed window moves by a whole wave.
 
 Targets: requests/s B/A >= 0.97 at both concurrencies; p99 B/A <= 1.05; switched off,
 indistinguishable from plain (the range of off/A over rounds includes 1.00, or the median is
