@@ -17,13 +17,12 @@ _FOREIGN = names.FOREIGN_ATTRIBUTES
 def event_attributes(record: Mapping[str, Any]) -> dict[str, Any]:
     """The event attributes of ``record`` (a ``FailureRecord``): each field it holds, under
     its attribute name (``recovered`` and ``class`` are the recorder's to add)."""
-    attributes: dict[str, Any] = {}
-    for fields, attribute_names in ((record, _FLAT), (record.get("foreign_error"), _FOREIGN)):
-        if fields is not None:
-            for key, attribute in attribute_names:
-                value = fields.get(key)
-                if value is not None:
-                    attributes[attribute] = value
+    get = record.get
+    attributes = {attribute: value for key, attribute in _FLAT if (value := get(key)) is not None}
+    foreign = get("foreign_error")
+    if foreign is not None:
+        get = foreign.get
+        attributes.update({attribute: value for key, attribute in _FOREIGN if (value := get(key)) is not None})
     return attributes
 
 
