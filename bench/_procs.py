@@ -34,14 +34,17 @@ def _child_setup(cpus: set[int]) -> Callable[[], None]:
 
 
 class Server:
-    def __init__(self, variant: str, env: dict[str, str]) -> None:
+    """``_gym_app.py`` serving ``variant`` on a listening socket of its own; ``prefix`` runs it
+    under another program (``valgrind``)."""
+
+    def __init__(self, variant: str, env: dict[str, str], prefix: tuple[str, ...] = ()) -> None:
         self.variant = variant
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(4096)
         self.port = self.sock.getsockname()[1]
         self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "_gym_app.py"), str(self.sock.fileno()), variant],
+            [*prefix, sys.executable, str(HERE / "_gym_app.py"), str(self.sock.fileno()), variant],
             pass_fds=(self.sock.fileno(),),
             env=env,
             preexec_fn=_child_setup(SERVER_CPUS),
@@ -88,14 +91,16 @@ class Server:
 
 
 @contextmanager
-def servers(specs: dict[str, tuple[str, dict[str, str]]]) -> Iterator[dict[str, Server]]:
+def servers(
+    specs: dict[str, tuple[str, dict[str, str]]], prefix: tuple[str, ...] = (), ready_within: float = 60
+) -> Iterator[dict[str, Server]]:
     """Start a server per name, of (variant, whole environment); stop all on the way out."""
     started: dict[str, Server] = {}
     try:
         for name, (variant, env) in specs.items():
-            started[name] = Server(variant, env)
+            started[name] = Server(variant, env, prefix)
         for server in started.values():
-            server.wait_ready()
+            server.wait_ready(ready_within)
         yield started
     finally:
         for server in started.values():

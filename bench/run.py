@@ -20,6 +20,7 @@ BENCHMARKS = [
     "latency",
     "replay",
     "failing_path",
+    "instructions",
     "throughput",
     "memory",
     "summary",

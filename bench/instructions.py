@@ -1,0 +1,89 @@
+"""The failing request's CPU as instructions, which no other process on the machine changes:
+each server of ``failing_path.py`` (plain A, ng_otel B, the hand-written minimum) under
+``valgrind --tool=callgrind``, one failing request at a time (the stock-Gym chain: a dropped
+attempt, the model's failure, the agent's two events), every instruction of every thread from
+the first measured request to the last counted.
+
+Time-based figures on a shared two-core machine move by several per cent from run to run;
+this one repeats to 0.1 %. The span processor and the metric reader wait until the count is
+taken (their delays are set past it), so it is the request path: recording, links, headers,
+the failure log, the link index, the span processor's queue, the garbage collector. Export is
+left to ``failing_path.py``, which measures it in time with the rest.
+
+No target of its own: it says how much of B's difference from the minimum is the request path.
+Needs valgrind (Debian's ``valgrind``). Run: .venv/bin/python bench/instructions.py [--requests 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _load import body
+from _procs import otlp_sink, servers
+from failing_path import VARIANTS, Client, env
+
+WARMUP_REQUESTS = 30
+NOT_WITHIN_THE_COUNT = {"OTEL_BSP_SCHEDULE_DELAY": "600000", "OTEL_METRIC_EXPORT_INTERVAL": "600000"}
+TOTALS = re.compile(r"^(?:summary|totals): (\d+)", re.MULTILINE)
+
+
+def instructions_per_request(out: Path, pid: int, client: Client, requests: int) -> float:
+    payload = body(7, True)
+    for _ in range(WARMUP_REQUESTS):
+        client.post(payload)
+    subprocess.run(["callgrind_control", "--zero", str(pid)], check=True, capture_output=True, timeout=120)
+    for _ in range(requests):
+        client.post(payload)
+    subprocess.run(["callgrind_control", "--dump", str(pid)], check=True, capture_output=True, timeout=120)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        dumps = list(out.parent.glob(f"{out.name}.{pid}.1"))
+        if dumps and (found := TOTALS.search(dumps[0].read_text(errors="replace"))):
+            return int(found.group(1)) / requests
+        time.sleep(0.5)
+    raise RuntimeError(f"callgrind wrote no count for {pid}")
+
+
+def main(argv: list[str] | None = None) -> bool:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=100)
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("instructions: valgrind is not installed (apt-get install valgrind): nothing measured")
+        return True
+    print(
+        f"instructions: each server under callgrind, {args.requests} failing requests one at a time, "
+        "export and metric collection after the count",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory() as folder, otlp_sink() as (endpoint, _):
+        out = Path(folder) / "callgrind.out"
+        prefix = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p")
+        quiet = {**env(endpoint), **NOT_WITHIN_THE_COUNT, "PYTHONHASHSEED": "0"}
+        with servers({name: (name, quiet) for name in VARIANTS}, prefix=prefix, ready_within=600) as running:
+            counts = {
+                name: instructions_per_request(out, server.pid, Client(server.port), args.requests)
+                for name, server in running.items()
+            }
+    for name, count in counts.items():
+        print(f"  {VARIANTS[name]}: {count / 1e6:.3f} M instructions per failing request")
+    ratio = counts["ng_otel"] / counts["minimum"]
+    extra = (counts["ng_otel"] - counts["plain"]) / (counts["minimum"] - counts["plain"])
+    print(
+        f"failing-request instructions B / minimum: {ratio:.3f} (no target of its own: the request "
+        f"path's share of failing_path.py's figures); B's above A's / the minimum's above A's: {extra:.2f}"
+    )
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
