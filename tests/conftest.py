@@ -1,13 +1,16 @@
 import asyncio
 import contextlib
+import fcntl
 import io
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-import venv
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,19 +31,6 @@ def otlp():
     receiver = OtlpReceiver().start()
     yield receiver
     receiver.stop()
-
-
-@pytest.fixture(scope="session")
-def ng_otel_dist(tmp_path_factory) -> Path:
-    """The sdist and wheel of this working tree, built from a clean copy of it."""
-    source = tmp_path_factory.mktemp("source") / "ng_otel"
-    shutil.copytree(ROOT, source, ignore=_NOT_SOURCE)
-    out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run(
-        [sys.executable, "-m", "build", "--outdir", str(out), str(source)], capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return out
 
 
 def user_environment(**extra: str) -> dict[str, str]:
@@ -66,38 +56,205 @@ class Installed:
         return {**env, **extra}
 
 
-@pytest.fixture(scope="session")
-def installed(ng_otel_dist, tmp_path_factory) -> Installed:
+# == The wheel, and the venvs installed from it, prepared beside the tests ======================
+# Building the sdist and wheel and installing the wheel into fresh venvs takes ~40 s, nearly all
+# of it in processes of their own (build, pip). As soon as collection shows a test that needs
+# them, a thread of the session starts them, so they run beside the tests in this process rather
+# than before the first test that needs them, and each fixture waits for its own step only. A
+# step runs once a run, under its lock, in a folder every xdist worker of the run shares (`make
+# test` runs `pytest -n 2 --dist loadfile`): whoever takes a step's lock first does it (the thread, or a fixture
+# asking first) and writes what it did; whoever takes it after reads that. A step cut short (the
+# session ending first) leaves nothing written, and the next to ask does it again from the start.
+
+_STEPS = ("dist", "installed", "plain")  # in this order: each install needs the dist
+_STEPS_OF = {"ng_otel_dist": {"dist"}, "installed": {"dist", "installed"}, "plain_wheel_venv": {"dist", "plain"}}
+_STOP = threading.Event()  # set as the session ends: the thread gives up its step
+_RUNNING: set[subprocess.Popen] = set()  # the steps' processes running now
+_STARTING = threading.Lock()
+_PREPARING = pytest.StashKey[threading.Thread]()
+_ENVIRON: dict = {}  # the environment and folder the session started in, for the steps' processes
+
+
+class _Stopped(Exception):
+    """The session ended before the step was done."""
+
+
+def _shared_folder(config: pytest.Config) -> Path:
+    """This run's folder for the built wheel and its venvs: shared by the xdist workers of one
+    run (their base temporary folders are the run's own, side by side), this session's own
+    otherwise."""
+    base = config._tmp_path_factory.getbasetemp()  # what the tmp_path_factory fixture gives
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ng-otel-wheel"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _run(command: list[str], timeout: float) -> dict:
+    """``subprocess.run(command, capture_output=True, text=True, timeout=timeout)``, in a process
+    group of its own that the session's end can kill, with the environment and folder the
+    session started in (not what a test running meanwhile set)."""
+    with _STARTING:  # so the session's end either sees this process or stops the step first
+        if _STOP.is_set():
+            raise _Stopped
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=_ENVIRON.get("folder"),
+            env=_ENVIRON.get("environ"),
+            start_new_session=True,
+        )
+        _RUNNING.add(process)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:  # its timeout, as subprocess.run has it, or Ctrl-C: never left running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    finally:
+        _RUNNING.discard(process)
+    if _STOP.is_set():
+        raise _Stopped
+    return {"returncode": process.returncode, "stdout": stdout, "stderr": stderr}
+
+
+def _venv(path: Path) -> None:
+    """``venv.create(path, with_pip=True)``, as a process."""
+    made = _run([sys.executable, "-m", "venv", str(path)], 300)
+    if made["returncode"] != 0:
+        raise RuntimeError(f"python -m venv {path} failed: {made['stderr'][-2000:]}")
+
+
+def _constraints(path: Path) -> Path:
+    """The versions this suite's own environment resolved: the contrib family pins the SDK
+    exactly, and a fresh resolution against the registry can find no consistent set."""
+    frozen = _run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], 120)
+    path.write_text(frozen["stdout"])
+    return path
+
+
+def _build(folder: Path) -> dict:
+    """The sdist and wheel of this working tree, built from a clean copy of it."""
+    source, out = folder / "source" / "ng_otel", folder / "dist"
+    for left in (source.parent, out):
+        shutil.rmtree(left, ignore_errors=True)
+    shutil.copytree(ROOT, source, ignore=_NOT_SOURCE)
+    return {**_run([sys.executable, "-m", "build", "--outdir", str(out), str(source)], 600), "path": str(out)}
+
+
+def _wheel(folder: Path) -> Path:
+    (wheel,) = Path(_step(folder, "dist")["path"]).glob("*.whl")
+    return wheel
+
+
+def _install_all(folder: Path) -> dict:
     """ng_otel from its wheel with the demo, no-code, Prometheus and report extras and
-    opentelemetry-distro, in one resolver pass (the contrib packages pin the SDK)."""
-    (wheel,) = ng_otel_dist.glob("*.whl")
-    path = tmp_path_factory.mktemp("installed") / "venv"
-    venv.create(path, with_pip=True)
-    # The versions this suite's own environment resolved: the contrib family pins the SDK
-    # exactly, and a fresh resolution against the registry can find no consistent set.
-    frozen = subprocess.run(
-        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, timeout=120
-    )
-    constraints = path.parent / "constraints.txt"
-    constraints.write_text(frozen.stdout)
-    done = subprocess.run(
-        [
-            str(path / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--constraint",
-            str(constraints),
-            f"{wheel}[demo,instrument,fastapi,aiohttp,prometheus,report]",
-            "opentelemetry-distro",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return Installed(path)
+    opentelemetry-distro, in one resolver pass (the contrib packages pin the SDK), in a fresh venv."""
+    wheel, path = _wheel(folder), folder / "installed" / "venv"
+    shutil.rmtree(path.parent, ignore_errors=True)
+    _venv(path)
+    constraints = _constraints(path.parent / "constraints.txt")
+    pip = [str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", "--constraint", str(constraints)]
+    extras = "[demo,instrument,fastapi,aiohttp,prometheus,report]"
+    return {**_run([*pip, f"{wheel}{extras}", "opentelemetry-distro"], 900), "path": str(path)}
+
+
+def _install_plain(folder: Path) -> dict:
+    """The wheel alone, without extras, in a clean venv of its own, as ``pip install`` has it."""
+    wheel, path = _wheel(folder), folder / "plain" / "clean"
+    shutil.rmtree(path.parent, ignore_errors=True)
+    _venv(path)
+    pip = [str(path / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    return {**_run([*pip, str(wheel)], 600), "path": str(path)}
+
+
+_DO = {"dist": _build, "installed": _install_all, "plain": _install_plain}
+
+
+def _step(folder: Path, name: str, *, stoppable: bool = False) -> dict:
+    """What step ``name`` did (its command's returncode, stdout and stderr, and the ``path`` it
+    made), doing it first if no one has."""
+    record = folder / f"{name}.json"
+    with open(folder / f"{name}.lock", "w") as lock:  # closing it lets the lock go
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # another worker, or this session's thread, is doing it
+                if stoppable and _STOP.is_set():
+                    raise _Stopped from None
+                time.sleep(0.05)
+        if not record.exists():
+            record.write_text(json.dumps(_DO[name](folder)))
+        return json.loads(record.read_text())
+
+
+def _prepare(folder: Path, steps: set[str]) -> None:
+    try:
+        for name in _STEPS:
+            if name in steps and _step(folder, name, stoppable=True)["returncode"] != 0:
+                return  # the fixture that needs it fails, saying why
+    except BaseException:  # the fixture that needs the step does it again, and says why it failed
+        pass
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start what the collected tests need built and installed, beside them."""
+    needed = {n for item in session.items for n in getattr(item, "fixturenames", ()) if n in _STEPS_OF}
+    steps = set().union(*(_STEPS_OF[n] for n in needed))
+    _ENVIRON.update(environ=dict(os.environ), folder=os.getcwd())
+    if steps and not session.config.option.collectonly:
+        thread = threading.Thread(
+            target=_prepare, args=(_shared_folder(session.config), steps), name="ng-otel wheel", daemon=True
+        )
+        session.config.stash[_PREPARING] = thread
+        thread.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Leave nothing running. An xdist worker done with its tests lets its step finish, since
+    another worker's tests may be waiting for it; otherwise (a session stopped, interrupted or
+    on its own) a step still going is cut short, and left unwritten."""
+    thread = session.config.stash.get(_PREPARING, None)
+    if thread is None:
+        return
+    others_may_need_it = os.environ.get("PYTEST_XDIST_WORKER") and exitstatus in (0, 1) and not session.shouldstop
+    if not others_may_need_it:
+        with _STARTING:
+            _STOP.set()
+            for process in list(_RUNNING):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+    thread.join()
+
+
+@pytest.fixture(scope="session")
+def ng_otel_dist(pytestconfig) -> Path:
+    """The sdist and wheel of this working tree, built from a clean copy of it."""
+    done = _step(_shared_folder(pytestconfig), "dist")
+    assert done["returncode"] == 0, done["stdout"][-2000:] + done["stderr"][-2000:]
+    return Path(done["path"])
+
+
+@pytest.fixture(scope="session")
+def installed(ng_otel_dist, pytestconfig) -> Installed:
+    """ng_otel from its wheel with the demo, no-code, Prometheus and report extras and
+    opentelemetry-distro, in one resolver pass (the contrib packages pin the SDK), installed
+    under a constraints file of this suite's own versions."""
+    done = _step(_shared_folder(pytestconfig), "installed")
+    assert done["returncode"] == 0, done["stderr"][-3000:]
+    return Installed(Path(done["path"]))
+
+
+@pytest.fixture(scope="session")
+def plain_wheel_venv(ng_otel_dist, pytestconfig) -> Path:
+    """A clean venv with the wheel alone installed (``pip install ng_otel-*.whl``): one test's
+    own, which goes on to add an extra to it."""
+    done = _step(_shared_folder(pytestconfig), "plain")
+    assert done["returncode"] == 0, done["stderr"][-2000:]
+    return Path(done["path"])
 
 
 @pytest.fixture(scope="session")
