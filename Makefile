@@ -31,9 +31,12 @@ lint: $(STAMP)
 # Lint, types and the whole suite on this Python: what `make test` promises in minutes. The
 # real-Gym lane (real NeMo Gym 0.7.0 in its own cached venv, ~3 minutes to build the first
 # time) and the matrix (the unit suite on 3.10/3.12/3.13 and on the lowest dependency versions
-# pyproject.toml admits) run on their own, and all three in CI (.ci/run).
+# pyproject.toml admits) run on their own, and all three in CI (.ci/run). The suite runs on two
+# workers (pytest-xdist), a test file at a time each, in file order, so each file runs whole in
+# one process as it would alone (its module fixtures set up once); the wheel the e2e tests
+# install is built once for both (tests/conftest.py).
 test: lint
-	$(BIN)/pytest -q -m "not real_gym"
+	$(BIN)/pytest -q -m "not real_gym" -n 2 --dist loadfile --no-loadscope-reorder
 
 real-gym: $(STAMP)
 	$(BIN)/pytest -q -m real_gym tests/test_real_gym.py tests/test_ray.py
