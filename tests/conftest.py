@@ -230,6 +230,32 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     thread.join()
 
 
+# -- tests that measure what contention changes -------------------------------------------------
+# A test marked `alone` asserts on something CPU contention moves (how many spans a queue drops
+# while its exporter gets the CPU to drain it, say), as the serial suite ran it: with the machine
+# to itself. It starts once the wheel and its venvs are built, and under xdist no other test of
+# the run is running beside it: every test holds a shared lock on the run's folder while it runs
+# (setup to teardown), an `alone` test the exclusive one, taken behind a gate that lets no new
+# test start while it waits.
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    alone = item.get_closest_marker("alone") is not None
+    if alone and (thread := item.config.stash.get(_PREPARING, None)) is not None:
+        thread.join()  # every step this run needs is done
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return (yield)
+    folder = _shared_folder(item.config)
+    mode = fcntl.LOCK_EX if alone else fcntl.LOCK_SH
+    with open(folder / "alone.gate", "w") as gate, open(folder / "alone.lock", "w") as running:
+        fcntl.flock(gate, mode)
+        fcntl.flock(running, mode)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        return (yield)
+
+
 @pytest.fixture(scope="session")
 def ng_otel_dist(pytestconfig) -> Path:
     """The sdist and wheel of this working tree, built from a clean copy of it."""
