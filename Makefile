@@ -36,6 +36,7 @@ lint: $(STAMP)
 # one process as it would alone (its module fixtures set up once); the wheel the e2e tests
 # install is built once for both (tests/conftest.py).
 test: lint
+	tools/real-gym.sh wheel >/dev/null  # Gym 0.7.0's source, which tests/test_recovery.py reads
 	$(BIN)/pytest -q -m "not real_gym" -n 2 --dist loadfile --no-loadscope-reorder
 
 real-gym: $(STAMP)

@@ -12,7 +12,7 @@ import yaml
 
 from tests.conftest import unused_port, wait_until
 from tests.test_prometheus import api, binary, listening_address, rules_without_waits, wait
-from tests.test_recovery import WHEEL
+from tests.test_recovery import wheel_source
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,8 +24,7 @@ def firing(base: str, alert: str) -> list[dict]:
 
 
 def test_real_prometheus_fires_exhaustion_and_stalled_alerts_from_real_retry_loops(tmp_path: Path):
-    if not WHEEL.exists():
-        pytest.skip(f"{WHEEL} is missing: tools/real-gym.sh wheel unzips NeMo Gym 0.7.0")
+    wheel_source()  # the retry loop below is the wheel's own
     prometheus = binary("prometheus")
     port = unused_port()
     rules = rules_without_waits(tmp_path)
