@@ -6,9 +6,10 @@ the first measured request to the last counted.
 
 Time-based figures on a shared two-core machine move by several per cent from run to run;
 this one repeats to 0.1 %. The span processor and the metric reader wait until the count is
-taken (their delays, and the span batch, are set past it), so it is the request path: recording, links, headers,
-the failure log, the link index, the span processor's queue, the garbage collector. Export is
-left to ``failing_path.py``, which measures it in time with the rest.
+taken (their delays, and the span batch, are set past it), so it is the request path:
+recording, links, headers, the failure log, the link index, the span processor's queue, the
+garbage collector. Export is left to ``failing_path.py``, which measures it in time with the
+rest.
 
 No target of its own: it says how much of B's difference from the minimum is the request path.
 Needs valgrind (Debian's ``valgrind``). Run: .venv/bin/python bench/instructions.py [--requests 100]

@@ -36,16 +36,16 @@ from ng_otel.runs.chains import groups_from_lines
 from ng_otel.runs.inputs import file_lines
 from ng_otel.runs.summary import summarise
 from ng_otel.testing import capture_failures
+from tests.test_upstream_compat import CACHE, VERSION
 
-_CACHE = Path(os.environ.get("NG_OTEL_GYM_CACHE") or Path.home() / ".cache" / "ng-otel")  # tools/real-gym.sh's
-WHEEL = _CACHE / "wheel-0.7.0" / "unzipped" / "nemo_gym" / "server_utils.py"
+WHEEL = CACHE / f"wheel-{VERSION}" / "unzipped" / "nemo_gym" / "server_utils.py"
 
 
 def wheel_source() -> str:
-    """Gym 0.7.0's ``server_utils.py``, as shipped (``make test`` unzips the wheel first). A
+    """Gym's ``server_utils.py``, as shipped (``make test`` unzips the wheel first). A
     checkout without it skips; CI, which must run these, fails instead."""
     if not WHEEL.exists():
-        message = f"{WHEEL} is missing: tools/real-gym.sh wheel unzips NeMo Gym 0.7.0"
+        message = f"{WHEEL} is missing: tools/real-gym.sh wheel unzips NeMo Gym {VERSION}"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
