@@ -12,7 +12,8 @@ garbage collector. Export is left to ``failing_path.py``, which measures it in t
 rest.
 
 No target of its own: it says how much of B's difference from the minimum is the request path.
-Needs valgrind (Debian's ``valgrind``). Run: .venv/bin/python bench/instructions.py [--requests 100]
+Needs valgrind (Debian's ``valgrind``). ``--healthy`` counts healthy requests instead, B against A.
+Run: .venv/bin/python bench/instructions.py [--requests 100] [--healthy]
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ NOT_WITHIN_THE_COUNT = {
 TOTALS = re.compile(r"^(?:summary|totals): (\d+)", re.MULTILINE)
 
 
-def instructions_per_request(out: Path, pid: int, client: Client, requests: int) -> float:
-    payload = body(7, True)
+def instructions_per_request(out: Path, pid: int, client: Client, requests: int, *, fail: bool = True) -> float:
+    payload = body(7, fail)
     for _ in range(WARMUP_REQUESTS):
         client.post(payload)
     subprocess.run(["callgrind_control", "--zero", str(pid)], check=True, capture_output=True, timeout=120)
@@ -64,12 +65,14 @@ def instructions_per_request(out: Path, pid: int, client: Client, requests: int)
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--healthy", action="store_true", help="count healthy requests instead (no target)")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("instructions: valgrind is not installed (apt-get install valgrind): nothing measured")
         return
+    mix = "healthy" if args.healthy else "failing"
     print(
-        f"instructions: each server under callgrind, {args.requests} failing requests one at a time, "
+        f"instructions: each server under callgrind, {args.requests} {mix} requests one at a time, "
         "export and metric collection after the count",
         flush=True,
     )
@@ -79,11 +82,16 @@ def main(argv: list[str] | None = None) -> None:
         quiet = {**env(endpoint), **NOT_WITHIN_THE_COUNT, "PYTHONHASHSEED": "0"}
         with servers({name: (name, quiet) for name in VARIANTS}, prefix=prefix, ready_within=600) as running:
             counts = {
-                name: instructions_per_request(out, server.pid, Client(server.port), args.requests)
+                name: instructions_per_request(
+                    out, server.pid, Client(server.port), args.requests, fail=not args.healthy
+                )
                 for name, server in running.items()
             }
     for name, count in counts.items():
-        print(f"  {VARIANTS[name]}: {count / 1e6:.3f} M instructions per failing request")
+        print(f"  {VARIANTS[name]}: {count / 1e6:.3f} M instructions per {mix} request")
+    if args.healthy:  # the issue asks the healthy path to stay free: B against A
+        print(f"healthy-request instructions B/A: {counts['ng_otel'] / counts['plain']:.3f} (no target of its own)")
+        return
     ratio = counts["ng_otel"] / counts["minimum"]
     extra = (counts["ng_otel"] - counts["plain"]) / (counts["minimum"] - counts["plain"])
     print(
