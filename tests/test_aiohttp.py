@@ -2,6 +2,9 @@
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 
 import aiohttp
 import pytest
@@ -197,3 +200,19 @@ def test_server_middleware_reads_verify_replies_as_the_asgi_middleware_does():
     assert [record["failure_kind"] for record in report.events.values()] == ["judge_failed"]
     assert "X-NG-Failure-Report" not in score_headers  # only the routes the reader was registered for
     assert telemetry.count("ng.verify.outcomes", kind="judge_failed") == 1
+
+
+def test_the_client_hook_leaves_the_aiohttp_server_unloaded():
+    # Every full garbage collection walks what a process imported: a FastAPI server that only
+    # calls out must not pay for aiohttp.web (~4,900 objects), which it never uses.
+    code = (
+        "import sys, aiohttp, ng_otel, ng_otel.gym;"
+        "from ng_otel.integrations.aiohttp import failure_trace_config, raise_boundary_failure;"
+        "ng_otel.enable(); aiohttp.ClientSession; failure_trace_config();"
+        "print('aiohttp.web' in sys.modules);"
+        "from ng_otel.integrations.aiohttp import failure_report_middleware;"
+        "print('aiohttp.web' in sys.modules, failure_report_middleware.__name__)"
+    )
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.split("\n")[:2] == ["False", "True failure_report_middleware"]

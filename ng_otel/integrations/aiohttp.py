@@ -6,7 +6,9 @@ Client:
     async with session.post(url, json=body) as response:
         await raise_boundary_failure(response)   # the callee's failure, ids and causes kept
 
-Server: ``web.Application(middlewares=[failure_report_middleware])``.
+Server: ``web.Application(middlewares=[failure_report_middleware])``. The server half loads
+``aiohttp.web`` (~4,900 objects every full garbage collection walks), so a process that only
+calls out, a FastAPI Gym server, imports it only when it asks for the middleware.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from aiohttp import (
     TraceRequestEndParams,
     TraceRequestExceptionParams,
     TraceRequestStartParams,
-    web,
 )
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
@@ -34,20 +35,13 @@ from opentelemetry.trace import SpanKind
 from ng_otel.contract.events import ForeignError, NgFailureEvent, bound_text
 from ng_otel.contract.report import FailureReport, rebuild_failure
 from ng_otel.integrations import Patch
-from ng_otel.integrations._exchange import (
-    FAILURE_HEADERS,
-    adopt_app_headers,
-    failure_reply,
-    observe_reply,
-    read_reply,
-    reply_headers,
-)
-from ng_otel.integrations.hooks import MAX_READ_REPLY_BYTES, rules
+from ng_otel.integrations._exchange import observe_reply
+from ng_otel.integrations.hooks import rules
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
-from ng_otel.otel.failure_log import close_failure_log, current_failure_log, open_failure_log
+from ng_otel.otel.failure_log import current_failure_log
 from ng_otel.otel.providers import settle_providers
-from ng_otel.otel.recorder import get_recorder, is_enabled, record_failure
+from ng_otel.otel.recorder import get_recorder, is_enabled
 from ng_otel.otel.recovery import current_loop, keep_last_attempt
 from ng_otel.otel.replies import ReplyEvidence, attach_reply
 
@@ -232,44 +226,12 @@ async def raise_boundary_failure(response: ClientResponse, *, boundary: str = "h
     raise failure
 
 
-def _read_reply_of(response: web.StreamResponse) -> None:
-    body = getattr(response, "body", None)  # a web.Response's whole body; a stream has none to read
-    if isinstance(body, bytes) and len(body) <= MAX_READ_REPLY_BYTES and response.content_type == "application/json":
-        read_reply(body)
+def __getattr__(name: str) -> Any:
+    if name == "failure_report_middleware":
+        from ng_otel.integrations._aiohttp_server import failure_report_middleware
 
-
-@web.middleware
-async def failure_report_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    """The aiohttp server twin of the ASGI middleware (streamed replies are not annotated;
-    the JSON replies of the reply reader's routes are read, as the ASGI middleware reads them)."""
-    if not is_enabled():
-        return await handler(request)  # type: ignore[no-any-return]
-    log, token = open_failure_log()
-    try:
-        try:
-            response: web.StreamResponse = await handler(request)
-        except web.HTTPException as http_exception:
-            response = http_exception
-        except Exception as error:
-            answer = failure_reply(error)
-            if answer is None:
-                raise
-            status, body, report = answer
-            record_failure(report)
-            response = web.Response(status=status, body=body, content_type="application/json")
-        if not response.prepared and request.path in rules.reply_paths:
-            _read_reply_of(response)
-        if not response.prepared and log:
-            adopt_app_headers(response.headers.get, log, rules.client_boundary, response.status)  # the app's own
-            for name in FAILURE_HEADERS:
-                response.headers.popall(name, None)
-            for name, value in reply_headers(log) or []:
-                response.headers[name] = value
-        if isinstance(response, web.HTTPException):
-            raise response
-        return response
-    finally:
-        close_failure_log(token)
+        return failure_report_middleware
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def patch_framework(patch: Patch) -> None:
