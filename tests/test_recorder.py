@@ -1,3 +1,4 @@
+import gc
 import logging
 
 import pytest
@@ -345,6 +346,41 @@ def test_link_index_is_an_lru_with_flat_memory():
     index.get("999000")
     index.add("new", INVALID_SPAN_CONTEXT)
     assert "999000" in index and "999001" not in index
+
+
+def test_link_index_gives_back_the_contexts_it_was_given_and_keeps_nothing_the_collector_walks():
+    from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags, TraceState
+
+    from ng_otel.otel.links import NOT_EXPORTED
+
+    given = {
+        "sampled": SpanContext(1, 2, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)),
+        "remote": SpanContext(3, 4, is_remote=True, trace_flags=TraceFlags(TraceFlags.DEFAULT)),
+        "odd flags": SpanContext(5, 6, is_remote=True, trace_flags=TraceFlags(0x81)),
+        "with state": SpanContext(7, 8, is_remote=False, trace_state=TraceState([("vendor", "x")])),
+        "invalid": INVALID_SPAN_CONTEXT,
+        "not exported": NOT_EXPORTED,
+    }
+    index = LinkIndex()
+    for event_id, context in given.items():
+        assert index.add(event_id, context)
+    for event_id, context in given.items():
+        back = index.get(event_id)
+        assert back == context and back.trace_flags == context.trace_flags and back.trace_state == context.trace_state
+    assert index.get("invalid") is INVALID_SPAN_CONTEXT and index.get("not exported") is NOT_EXPORTED
+    assert set(index.contexts_for(given)) == set(given) - {"not exported"}
+
+    # A full index costs every full garbage collection nothing per entry: a SpanContext and its
+    # TraceFlags each per event would be 20,000 objects at the default size.
+    gc.collect()
+    before = len(gc.get_objects())
+    full = LinkIndex(capacity=10_000)
+    for number in range(10_000):
+        full.add(f"{number:032x}", SpanContext(number + 1, 1, is_remote=True, trace_flags=TraceFlags(1)))
+    gc.collect()
+    assert len(gc.get_objects()) - before < 100
+    shared = full.contexts_for([f"{0:032x}", f"{1:032x}"])
+    assert [context.trace_id for context in shared.values()] == [1, 2]
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,27 @@ recorded twice, but never claimed as exported in a reply, so a caller exports it
 _CONTEXT_RE = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
 
 
+# An entry the garbage collector does not track: a full index would otherwise hold 20,000
+# objects (a SpanContext and its TraceFlags per event) for every full collection to walk. A
+# context with a trace state, and the sentinels (compared by identity), are kept as they are.
+_Entry = tuple[int, int, int, bool] | SpanContext
+_SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
+
+
+def _entry(context: SpanContext) -> _Entry:
+    if context.is_valid and not context.trace_state:
+        return (context.trace_id, context.span_id, int(context.trace_flags), context.is_remote)
+    return context
+
+
+def _context(entry: _Entry) -> SpanContext:
+    if isinstance(entry, SpanContext):
+        return entry
+    trace_id, span_id, flags, is_remote = entry
+    trace_flags = _SAMPLED if flags == TraceFlags.SAMPLED else _NOT_SAMPLED if flags == 0 else TraceFlags(flags)
+    return SpanContext(trace_id, span_id, is_remote, trace_flags)
+
+
 class LinkIndex:
     """A thread-safe LRU map event id -> span context, at most ``capacity`` entries."""
 
@@ -32,7 +53,7 @@ class LinkIndex:
         if capacity < 1:
             raise ValueError("capacity: must be at least 1")
         self._capacity = capacity
-        self._items: OrderedDict[str, SpanContext] = OrderedDict()
+        self._items: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -43,18 +64,20 @@ class LinkIndex:
 
     def get(self, event_id: str) -> SpanContext | None:
         with self._lock:
-            context = self._items.get(event_id)
-            if context is not None:
-                self._items.move_to_end(event_id)
-            return context
+            entry = self._items.get(event_id)
+            if entry is None:
+                return None
+            self._items.move_to_end(event_id)
+        return _context(entry)
 
     def add(self, event_id: str, context: SpanContext) -> bool:
         """Remember ``event_id``; False when it was known already (nothing changes then)."""
+        entry = _entry(context)
         with self._lock:
             if event_id in self._items:
                 self._items.move_to_end(event_id)
                 return False
-            self._items[event_id] = context
+            self._items[event_id] = entry
             if len(self._items) > self._capacity:
                 self._items.popitem(last=False)
             return True
@@ -71,20 +94,30 @@ class LinkIndex:
             return True
 
     def set(self, event_id: str, context: SpanContext) -> None:
+        entry = _entry(context)
         with self._lock:
-            self._items[event_id] = context
+            self._items[event_id] = entry
             self._items.move_to_end(event_id)
             if len(self._items) > self._capacity:
                 self._items.popitem(last=False)
 
     def contexts_for(self, event_ids: Iterable[str]) -> dict[str, SpanContext]:
-        """Where each of ``event_ids`` was exported, for those this process knows were."""
+        """Where each of ``event_ids`` was exported, for those this process knows were. The
+        events of one span share one context object (``encode_context_header`` formats each
+        once)."""
         with self._lock:
-            return {
-                event_id: context
-                for event_id in event_ids
-                if (context := self._items.get(event_id)) is not None and context is not NOT_EXPORTED
-            }
+            found = [(event_id, entry) for event_id in event_ids if (entry := self._items.get(event_id)) is not None]
+        contexts: dict[str, SpanContext] = {}
+        shared: dict[object, SpanContext] = {}  # one object per span: encode_context_header formats it once
+        for event_id, entry in found:
+            if entry is NOT_EXPORTED:
+                continue
+            key = id(entry) if isinstance(entry, SpanContext) else entry  # a trace state makes it unhashable
+            context = shared.get(key)
+            if context is None:
+                context = shared[key] = _context(entry)
+            contexts[event_id] = context
+        return contexts
 
 
 def format_span_context(context: SpanContext) -> str:
