@@ -1,6 +1,6 @@
 """Every private part of another library that ng_otel relies on, reached from here only:
 OpenTelemetry's proxy providers, its SDK's exporter entry points, span internals and
-self-metrics switch, and Starlette's exception-handler table.
+self-metrics switch, the API's ``SpanContext`` layout, and Starlette's exception-handler table.
 
 Each is checked by ``tests/test_compat.py``, which fails naming the part when a release moves
 it; CI runs it on the lowest OpenTelemetry SDK the package admits and on the newest. Nothing
@@ -19,6 +19,7 @@ from typing import Any, Final
 from opentelemetry._logs._internal import ProxyLoggerProvider
 from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.sdk.environment_variables import OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED
+from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, TraceFlags
 
 # The modules whose batch processors read the self-metrics switch when they are built, each
 # through its own imported ``parse_boolean_environment_variable``.
@@ -101,6 +102,63 @@ def span_room(span: Any) -> tuple[float, float]:
     events = math.inf if limits.max_events is None else limits.max_events - len(held_events)
     links = math.inf if limits.max_links is None else limits.max_links - len(held_links)
     return events, links
+
+
+# -- a span context as plain numbers ---------------------------------------------------------
+
+PlainSpanContext = tuple[int, int, int, bool]
+"""(trace id, span id, trace flags, is remote): a tuple of numbers, which the garbage collector
+stops tracking, where a ``SpanContext`` (and its ``TraceFlags``) stays tracked for life."""
+
+_SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
+
+
+def _flags(value: int) -> TraceFlags:
+    return _SAMPLED if value == TraceFlags.SAMPLED else _NOT_SAMPLED if value == 0 else TraceFlags(value)
+
+
+def _plain_by_fields(context: SpanContext) -> PlainSpanContext | None:
+    if context.is_valid and (context.trace_state is DEFAULT_TRACE_STATE or not context.trace_state):
+        return context.trace_id, context.span_id, int(context.trace_flags), context.is_remote
+    return None
+
+
+def _context_by_fields(plain: PlainSpanContext) -> SpanContext:
+    trace_id, span_id, flags, is_remote = plain
+    return SpanContext(trace_id, span_id, is_remote, _flags(flags))
+
+
+def _plain_by_layout(context: SpanContext) -> PlainSpanContext | None:
+    trace_id, span_id, is_remote, trace_flags, trace_state, is_valid = context
+    if is_valid and (trace_state is DEFAULT_TRACE_STATE or not trace_state):
+        return trace_id, span_id, int(trace_flags), is_remote
+    return None
+
+
+def _context_by_layout(plain: PlainSpanContext) -> SpanContext:
+    trace_id, span_id, flags, is_remote = plain
+    return tuple.__new__(SpanContext, (trace_id, span_id, is_remote, _flags(flags), DEFAULT_TRACE_STATE, True))
+
+
+def _layout_holds() -> bool:
+    """``SpanContext`` is the tuple (trace_id, span_id, is_remote, trace_flags, trace_state,
+    is_valid): its properties read those places. Read through them, a link index read costs
+    a dozen Python calls more per event."""
+    context = SpanContext(1, 2, True, _SAMPLED)
+    return (
+        isinstance(context, tuple)
+        and tuple(context) == (1, 2, True, _SAMPLED, DEFAULT_TRACE_STATE, True)
+        and _context_by_layout((1, 2, 1, True)) == context
+    )
+
+
+LAYOUT_HOLDS: Final = _layout_holds()
+plain_span_context: Callable[[SpanContext], PlainSpanContext | None] = (
+    _plain_by_layout if LAYOUT_HOLDS else _plain_by_fields
+)
+"""The numbers of a valid ``context`` with no trace state; ``None`` for any other."""
+span_context_of: Callable[[PlainSpanContext], SpanContext] = _context_by_layout if LAYOUT_HOLDS else _context_by_fields
+"""The ``SpanContext`` that ``plain_span_context`` took apart, equal to it."""
 
 
 # -- Starlette --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The private parts of other libraries ng_otel reaches (``ng_otel/_compat.py``): each test
 fails naming the part when a release moves it."""
 
+import gc
 import importlib
 import os
 import subprocess
@@ -95,6 +96,22 @@ def test_a_spans_room_is_its_limits_less_what_it_holds():
     span.add_link(span.get_span_context())
     assert _compat.span_room(span) == (2, 1)
     span.end()
+
+
+def test_a_span_context_is_the_tuple_named_here_and_comes_back_equal_from_its_numbers():
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    assert _compat.LAYOUT_HOLDS, "SpanContext is no longer (trace_id, span_id, is_remote, flags, state, is_valid)"
+    context = SpanContext(7, 9, is_remote=True, trace_flags=TraceFlags(0x81))
+    plain = _compat.plain_span_context(context)
+    gc.collect()  # the collector stops tracking a tuple of numbers when it first meets it
+    assert plain == (7, 9, 0x81, True) and not gc.is_tracked(plain)
+    back = _compat.span_context_of(plain)
+    assert back == context and back.trace_flags == 0x81 and back.is_valid and back.is_remote
+    assert _compat._plain_by_fields(context) == plain and _compat._context_by_fields(plain) == context
+    with_state = SpanContext(7, 9, is_remote=False, trace_state=TraceState([("vendor", "x")]))
+    assert _compat.plain_span_context(with_state) is None
+    assert _compat.plain_span_context(SpanContext(0, 0, is_remote=False)) is None
 
 
 def test_starlettes_exception_middleware_keeps_the_handler_table_named_here():

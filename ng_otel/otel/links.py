@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags
 
+from ng_otel._compat import PlainSpanContext, plain_span_context, span_context_of
 from ng_otel.contract.events import EVENT_ID_RE
 from ng_otel.contract.header import OMITTED_VALUE, check_header_value, decode_json, encode_header_json
 from ng_otel.otel.names import CONTEXT_HEADER
@@ -25,25 +26,11 @@ recorded twice, but never claimed as exported in a reply, so a caller exports it
 _CONTEXT_RE = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
 
 
-# An entry the garbage collector does not track: a full index would otherwise hold 20,000
-# objects (a SpanContext and its TraceFlags per event) for every full collection to walk. A
-# context with a trace state, and the sentinels (compared by identity), are kept as they are.
-_Entry = tuple[int, int, int, bool] | SpanContext
-_SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
-
-
-def _entry(context: SpanContext) -> _Entry:
-    if context.is_valid and not context.trace_state:
-        return (context.trace_id, context.span_id, int(context.trace_flags), context.is_remote)
-    return context
-
-
-def _context(entry: _Entry) -> SpanContext:
-    if isinstance(entry, SpanContext):
-        return entry
-    trace_id, span_id, flags, is_remote = entry
-    trace_flags = _SAMPLED if flags == TraceFlags.SAMPLED else _NOT_SAMPLED if flags == 0 else TraceFlags(flags)
-    return SpanContext(trace_id, span_id, is_remote, trace_flags)
+# Entries the garbage collector does not track (``PlainSpanContext``): a full index would
+# otherwise hold 20,000 objects (a SpanContext and its TraceFlags per event) for every full
+# collection to walk. A context with a trace state, and the sentinels (compared by identity),
+# are kept as they are.
+_Entry = PlainSpanContext | SpanContext
 
 
 class LinkIndex:
@@ -68,11 +55,11 @@ class LinkIndex:
             if entry is None:
                 return None
             self._items.move_to_end(event_id)
-        return _context(entry)
+        return entry if isinstance(entry, SpanContext) else span_context_of(entry)
 
     def add(self, event_id: str, context: SpanContext) -> bool:
         """Remember ``event_id``; False when it was known already (nothing changes then)."""
-        entry = _entry(context)
+        entry = plain_span_context(context) or context
         with self._lock:
             if event_id in self._items:
                 self._items.move_to_end(event_id)
@@ -94,7 +81,7 @@ class LinkIndex:
             return True
 
     def set(self, event_id: str, context: SpanContext) -> None:
-        entry = _entry(context)
+        entry = plain_span_context(context) or context
         with self._lock:
             self._items[event_id] = entry
             self._items.move_to_end(event_id)
@@ -108,14 +95,15 @@ class LinkIndex:
         with self._lock:
             found = [(event_id, entry) for event_id in event_ids if (entry := self._items.get(event_id)) is not None]
         contexts: dict[str, SpanContext] = {}
-        shared: dict[object, SpanContext] = {}  # one object per span: encode_context_header formats it once
+        shared: dict[PlainSpanContext, SpanContext] = {}  # one object per span: encoded once, as it was
         for event_id, entry in found:
-            if entry is NOT_EXPORTED:
+            if isinstance(entry, SpanContext):
+                if entry is not NOT_EXPORTED:
+                    contexts[event_id] = entry
                 continue
-            key = id(entry) if isinstance(entry, SpanContext) else entry  # a trace state makes it unhashable
-            context = shared.get(key)
+            context = shared.get(entry)
             if context is None:
-                context = shared[key] = _context(entry)
+                context = shared[entry] = span_context_of(entry)
             contexts[event_id] = context
         return contexts
 
