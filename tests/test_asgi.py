@@ -191,6 +191,29 @@ def test_concurrent_requests_never_see_each_others_failures():
             assert "x-ng-failure-report" not in headers
 
 
+def test_a_context_the_request_leaves_behind_keeps_no_failure_log():
+    # A keep-alive connection opened during a request captures the request's context for the
+    # connection's life (uvloop's transports do): that copy must not keep the request's
+    # failures alive, and a task outliving the request adds to no reply's log.
+    import contextvars
+
+    from ng_otel.otel.failure_log import current_failure_log
+
+    app = FastAPI()
+    left_behind = []
+
+    @app.post("/work")
+    async def work():
+        observe_failure(timeout_failure())
+        left_behind.append(contextvars.copy_context())
+        return {"ok": True}
+
+    with capture_failures():
+        _status, headers, _ = asyncio.run(call(instrument_app(app), "/work"))
+    assert "x-ng-failure-report" in headers  # the log served its reply
+    assert left_behind[0].run(current_failure_log) is None
+
+
 def test_disabled_middleware_is_a_passthrough(monkeypatch):
     with capture_failures() as telemetry:
         monkeypatch.setattr(recorder_module, "_enabled", False)

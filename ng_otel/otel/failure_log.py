@@ -2,7 +2,8 @@
 
 Middleware opens a log per request; ``record_failure``, ``observe_failure`` and the HTTP
 client hooks feed it. It lives in a context variable, so concurrent requests (tasks or
-threads) never see each other's failures, while tasks spawned inside one request share it.
+threads) never see each other's failures, while tasks spawned inside one request share it
+until the request closes.
 """
 
 from __future__ import annotations
@@ -61,17 +62,44 @@ class FailureLog:
         return bool(self._events) or self._omitted
 
 
-_current: ContextVar[FailureLog | None] = ContextVar("ng_otel_failure_log", default=None)
+class _Slot:
+    """What the context variable holds: the request's log until it closes. A context copied
+    during the request keeps the slot, not the log: a keep-alive connection opened by the
+    request captures its context for the connection's life, and would otherwise keep the
+    log, its report and every record in it for every full garbage collection to walk."""
+
+    __slots__ = ("log",)
+
+    def __init__(self, log: FailureLog) -> None:
+        self.log: FailureLog | None = log
 
 
-def open_failure_log() -> tuple[FailureLog, Token[FailureLog | None]]:
+class LogHandle:
+    """What ``open_failure_log`` hands back for ``close_failure_log``."""
+
+    __slots__ = ("_slot", "_token")
+
+    def __init__(self, slot: _Slot, token: Token[_Slot | None]) -> None:
+        self._slot = slot
+        self._token = token
+
+
+_current: ContextVar[_Slot | None] = ContextVar("ng_otel_failure_log", default=None)
+
+
+def open_failure_log() -> tuple[FailureLog, LogHandle]:
     log = FailureLog()
-    return log, _current.set(log)
+    slot = _Slot(log)
+    return log, LogHandle(slot, _current.set(slot))
 
 
-def close_failure_log(token: Token[FailureLog | None]) -> None:
-    _current.reset(token)
+def close_failure_log(handle: LogHandle) -> None:
+    """The request is over: its log stops collecting, wherever its context was copied (a task
+    it spawned that outlives it records its failures, but no reply will carry them)."""
+    handle._slot.log = None
+    _current.reset(handle._token)
 
 
 def current_failure_log() -> FailureLog | None:
-    return _current.get()
+    slot = _current.get()
+    return None if slot is None else slot.log
