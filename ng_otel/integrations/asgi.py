@@ -140,7 +140,7 @@ class _Reply:
             if self._read and content_type.startswith(b"application/json"):
                 self._held = message
                 return
-            await self._start(message)
+            await self._send(self._started(message))
             return
         if self._held is not None and kind == "http.response.body":
             chunk = message.get("body", b"")
@@ -158,7 +158,8 @@ class _Reply:
             self._finished = True
         await self._send(message)
 
-    async def _start(self, message: Message) -> None:
+    def _started(self, message: Message) -> Message:
+        """The reply's start as it leaves: with the report headers, when there are failures."""
         self.started = True
         if self._log and not self._stream:
             headers = message.get("headers", ())
@@ -166,12 +167,12 @@ class _Reply:
                 adopt_app_headers(_header_getter(headers), self._log, rules.client_boundary, message["status"])
                 headers = [(name, value) for name, value in headers if name.lower() not in _FAILURE_HEADER_NAMES]
             message = {**message, "headers": [*headers, *_encoded(reply_headers(self._log) or [])]}
-        await self._send(message)
+        return message
 
     async def _release(self, *, more_body: bool) -> None:
         held, self._held = self._held, None
         if held is not None:
-            await self._start(held)
+            await self._send(self._started(held))
         body, self._body, self._held_bytes = b"".join(self._body), [], 0
         await self._send({"type": "http.response.body", "body": body, "more_body": more_body})
 

@@ -62,42 +62,36 @@ class FailureLog:
         return bool(self._events) or self._omitted
 
 
-class _Slot:
-    """What the context variable holds: the request's log until it closes. A context copied
-    during the request keeps the slot, not the log: a keep-alive connection opened by the
-    request captures its context for the connection's life, and would otherwise keep the
-    log, its report and every record in it for every full garbage collection to walk."""
+class LogSlot:
+    """What the context variable holds: the request's log until it closes, and what
+    ``close_failure_log`` takes. A context copied during the request keeps the slot, not the
+    log: a keep-alive connection opened by the request captures its context for the
+    connection's life, and would otherwise keep the log, its report and every record in it
+    for every full garbage collection to walk."""
 
-    __slots__ = ("log",)
+    __slots__ = ("log", "token")
 
     def __init__(self, log: FailureLog) -> None:
         self.log: FailureLog | None = log
+        self.token: Token[LogSlot | None] | None = None
 
 
-class LogHandle:
-    """What ``open_failure_log`` hands back for ``close_failure_log``."""
-
-    __slots__ = ("_slot", "_token")
-
-    def __init__(self, slot: _Slot, token: Token[_Slot | None]) -> None:
-        self._slot = slot
-        self._token = token
+_current: ContextVar[LogSlot | None] = ContextVar("ng_otel_failure_log", default=None)
 
 
-_current: ContextVar[_Slot | None] = ContextVar("ng_otel_failure_log", default=None)
-
-
-def open_failure_log() -> tuple[FailureLog, LogHandle]:
+def open_failure_log() -> tuple[FailureLog, LogSlot]:
     log = FailureLog()
-    slot = _Slot(log)
-    return log, LogHandle(slot, _current.set(slot))
+    slot = LogSlot(log)
+    slot.token = _current.set(slot)
+    return log, slot
 
 
-def close_failure_log(handle: LogHandle) -> None:
+def close_failure_log(slot: LogSlot) -> None:
     """The request is over: its log stops collecting, wherever its context was copied (a task
     it spawned that outlives it records its failures, but no reply will carry them)."""
-    handle._slot.log = None
-    _current.reset(handle._token)
+    slot.log = None
+    if slot.token is not None:
+        _current.reset(slot.token)
 
 
 def current_failure_log() -> FailureLog | None:
