@@ -209,6 +209,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def event_loop_cpu_ns(pid: int) -> int:
+    """Nanoseconds the process's main thread (the server's event loop) has run on a CPU, from
+    ``/proc/<pid>/task/<pid>/schedstat``: fine enough to charge one request at a time, where
+    ``cpu_seconds`` counts in clock ticks (10 ms)."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as schedstat:
+        return int(schedstat.read().split()[0])
+
+
 def memory_kib(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (peak RSS) of a process, in KiB."""
     values = {}
