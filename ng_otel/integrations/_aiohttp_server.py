@@ -25,7 +25,7 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
     the JSON replies of the reply reader's routes are read, as the ASGI middleware reads them)."""
     if not is_enabled():
         return await handler(request)  # type: ignore[no-any-return]
-    log, handle = open_failure_log()
+    log, slot = open_failure_log()
     try:
         try:
             response: web.StreamResponse = await handler(request)
@@ -50,4 +50,4 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
             raise response
         return response
     finally:
-        close_failure_log(handle)
+        close_failure_log(slot)

@@ -85,7 +85,7 @@ class FailureReportMiddleware:
         if scope["type"] != "http" or not is_enabled():
             await self.app(scope, receive, send)
             return
-        log, handle = open_failure_log()
+        log, slot = open_failure_log()
         if not self.answer_failures:
             scope[_LOG_SCOPE_KEY] = log  # for the app's error handler, which answers outside this layer
         paths = rules.reply_paths if self.reply_paths is None else self.reply_paths
@@ -108,7 +108,7 @@ class FailureReportMiddleware:
                 kind = report.chain()[0]["failure_kind"]  # the reply's own failure
                 raise ReplyBroken(f"{kind} after the reply started") from None
         finally:
-            close_failure_log(handle)
+            close_failure_log(slot)
 
 
 class ReplyBroken(Exception):
