@@ -104,7 +104,7 @@ def _start(context: SimpleNamespace, params: TraceRequestStartParams) -> None:
         propagate.inject(params.headers)  # the current context: the handler's server span
         return
     span = get_recorder().tracer.start_span(
-        params.method, kind=SpanKind.CLIENT, attributes=_request_attributes(params.method, params.url)
+        params.method, kind=SpanKind.CLIENT, attributes=_request_attributes(params.method, _without_query(params.url))
     )
     context.ng_otel_span = span
     propagate.inject(params.headers, context=trace.set_span_in_context(span))
@@ -141,7 +141,8 @@ def _failed_attempt(context: SimpleNamespace, params: TraceRequestExceptionParam
     kind = rules.transport_kind(params.exception) if rules.transport_kind is not None else None
     if kind is None or not is_enabled():
         return
-    request = f"{params.method} {_without_query(params.url)}"
+    url = _without_query(params.url)  # a yarl URL formats itself anew on every str()
+    request = f"{params.method} {url}"
     last = _last_failure.get()
     resend_count = last[1] + 1 if last is not None and last[0] == request else 0
     _last_failure.set((request, resend_count))
@@ -162,7 +163,7 @@ def _failed_attempt(context: SimpleNamespace, params: TraceRequestExceptionParam
         names.LATE_SPAN_PREFIX + kind,
         context=trace.set_span_in_context(parent),
         start_time=started,
-        attributes={**_request_attributes(params.method, params.url), **event_attributes},
+        attributes={**_request_attributes(params.method, url), **event_attributes},
     )
     try:
         # The attempt that ends the loop is on the chain of what the caller raises next.
@@ -176,8 +177,8 @@ def _failed_attempt(context: SimpleNamespace, params: TraceRequestExceptionParam
         log.add(report, own=False)
 
 
-def _request_attributes(method: str, url: Any) -> dict[str, Any]:
-    return {names.HTTP_METHOD: method, names.URL_FULL: _without_query(url)}
+def _request_attributes(method: str, url: str) -> dict[str, Any]:
+    return {names.HTTP_METHOD: method, names.URL_FULL: url}
 
 
 def _without_query(url: Any) -> str:
