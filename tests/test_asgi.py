@@ -230,10 +230,10 @@ def test_switched_off_the_apps_own_error_handling_is_untouched(monkeypatch):
 
 @pytest.mark.parametrize("path", ["/raise", "/recovered", "/stream"])
 def test_an_internal_error_while_building_the_headers_never_reaches_the_reply(path, monkeypatch, caplog):
-    def broken(contexts):
+    def broken(where):
         raise RuntimeError("bug in ng_otel")
 
-    monkeypatch.setattr("ng_otel.integrations._exchange.encode_context_header", broken)
+    monkeypatch.setattr("ng_otel.integrations._exchange.encode_recorded_at", broken)
     monkeypatch.setattr("ng_otel.otel._guard._reported", set())  # each case sees its one warning
     with (
         capture_failures() as telemetry,

@@ -12,7 +12,7 @@ from opentelemetry.trace import Status, StatusCode
 from ng_otel import observe_failure, record_failure
 from ng_otel.contract import FailureReport, NgFailureEvent, failure_report_for, rebuild_failure
 from ng_otel.otel import names
-from ng_otel.otel.links import LinkIndex, decode_context_header, encode_context_header
+from ng_otel.otel.links import LinkIndex, decode_context_header, encode_context_header, format_span_context
 from ng_otel.otel.recorder import get_recorder, install_recorder
 from ng_otel.testing import CapturedTelemetry, capture_failures, fresh_state, internal_errors_logged
 from tests.conftest import SdkError, model_timeout, raise_chain, three_level
@@ -369,6 +369,12 @@ def test_link_index_gives_back_the_contexts_it_was_given_and_keeps_nothing_the_c
         assert back == context and back.trace_flags == context.trace_flags and back.trace_state == context.trace_state
     assert index.get("invalid") is INVALID_SPAN_CONTEXT and index.get("not exported") is NOT_EXPORTED
     assert set(index.contexts_for(given)) == set(given) - {"not exported"}
+    # The header's form says the same, whichever way an entry is kept.
+    assert index.recorded_at(given) == {
+        event_id: format_span_context(context) for event_id, context in index.contexts_for(given).items()
+    }
+    zeros, sampled = f"{0:032x}-{0:016x}", f"{1:032x}-{2:016x}"
+    assert index.recorded_at(["invalid", "sampled"]) == {"invalid": zeros, "sampled": sampled}
 
     # A full index costs every full garbage collection nothing per entry: a SpanContext and its
     # TraceFlags each per event would be 20,000 objects at the default size.

@@ -21,7 +21,7 @@ from ng_otel.integrations.hooks import rules
 from ng_otel.otel import names
 from ng_otel.otel._guard import guarded
 from ng_otel.otel.failure_log import FailureLog, current_failure_log
-from ng_otel.otel.links import decode_context_header, encode_context_header
+from ng_otel.otel.links import decode_context_header, encode_recorded_at
 from ng_otel.otel.recorder import get_recorder, is_enabled, observe_failure, record_failure
 
 MAX_RAW_SHOWN = 512  # how much of a malformed header a protocol_violation reason quotes
@@ -39,9 +39,9 @@ def reply_headers(log: FailureLog) -> list[tuple[str, str]] | None:
     if value == OMITTED_VALUE and report.events:
         recorder.omitted_reports.add(1)  # the diagnostic loss happened here, at this hop
     headers = [(REPORT_HEADER, value)]
-    contexts = recorder.index.contexts_for(report.events)
-    if contexts:
-        headers.append((names.CONTEXT_HEADER, encode_context_header(contexts)))
+    where = recorder.index.recorded_at(report.events)
+    if where:
+        headers.append((names.CONTEXT_HEADER, encode_recorded_at(where)))
     return headers
 
 

@@ -41,7 +41,7 @@ from ng_otel.contract.events import NgFailureEvent, gym_event_view
 from ng_otel.contract.report import failure_report_for, find_boundary_failure
 from ng_otel.integrations import Patch
 from ng_otel.otel._guard import guard, guarded
-from ng_otel.otel.links import decode_context_map, format_span_context
+from ng_otel.otel.links import decode_context_map
 from ng_otel.otel.recorder import get_recorder, is_enabled
 
 KEYWORD: Final = "_ray_trace_ctx"  # Ray's tracing hook's keyword: every actor method declares it
@@ -289,11 +289,11 @@ def _prepare_to_cross(error: BaseException) -> None:
     if report is None:
         return
     recorder = get_recorder()
-    known = recorder.index.contexts_for(report.events)
+    known = recorder.index.recorded_at(report.events)
     if recorder.record(report, own=True) and _flushed(FLUSH_BEFORE_CROSSING_MILLIS):
-        known = recorder.index.contexts_for(report.events)
+        known = recorder.index.recorded_at(report.events)
     if known:
-        error.recorded_at = {event_id: format_span_context(context) for event_id, context in known.items()}
+        error.recorded_at = known
 
 
 def _flushed(timeout_millis: int) -> bool:

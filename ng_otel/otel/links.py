@@ -90,22 +90,43 @@ class LinkIndex:
 
     def contexts_for(self, event_ids: Iterable[str]) -> dict[str, SpanContext]:
         """Where each of ``event_ids`` was exported, for those this process knows were. The
-        events of one span share one context object (``encode_context_header`` formats each
-        once)."""
-        with self._lock:
-            found = [(event_id, entry) for event_id in event_ids if (entry := self._items.get(event_id)) is not None]
+        events of one span share one context object."""
         contexts: dict[str, SpanContext] = {}
-        shared: dict[PlainSpanContext, SpanContext] = {}  # one object per span: encoded once, as it was
-        for event_id, entry in found:
+        shared: dict[PlainSpanContext, SpanContext] = {}
+        for event_id, entry in self._exported(event_ids):
             if isinstance(entry, SpanContext):
-                if entry is not NOT_EXPORTED:
-                    contexts[event_id] = entry
+                contexts[event_id] = entry
                 continue
             context = shared.get(entry)
             if context is None:
                 context = shared[entry] = span_context_of(entry)
             contexts[event_id] = context
         return contexts
+
+    def recorded_at(self, event_ids: Iterable[str]) -> dict[str, str]:
+        """``contexts_for`` in the form a reply header and a saved row carry it: event id ->
+        ``<32 hex trace id>-<16 hex span id>``, each span formatted once."""
+        where: dict[str, str] = {}
+        formatted: dict[PlainSpanContext, str] = {}
+        for event_id, entry in self._exported(event_ids):
+            if isinstance(entry, SpanContext):
+                where[event_id] = format_span_context(entry)
+                continue
+            text = formatted.get(entry)
+            if text is None:
+                trace_id, span_id, _, _ = entry
+                text = formatted[entry] = f"{trace_id:032x}-{span_id:016x}"
+            where[event_id] = text
+        return where
+
+    def _exported(self, event_ids: Iterable[str]) -> list[tuple[str, _Entry]]:
+        with self._lock:
+            items = self._items
+            return [
+                (event_id, entry)
+                for event_id in event_ids
+                if (entry := items.get(event_id)) is not None and entry is not NOT_EXPORTED
+            ]
 
 
 def format_span_context(context: SpanContext) -> str:
@@ -115,13 +136,12 @@ def format_span_context(context: SpanContext) -> str:
 def encode_context_header(contexts: Mapping[str, SpanContext]) -> str:
     """The ``X-NG-Failure-Context`` value; ``{"omitted":true}`` when it exceeds 4096 bytes,
     which tells the caller the events were exported but their spans are not known."""
-    formatted: dict[int, str] = {}  # the events of one span share its context object: formatted once
-    value = encode_header_json(
-        {
-            event_id: formatted.get(id(ctx)) or formatted.setdefault(id(ctx), format_span_context(ctx))
-            for event_id, ctx in contexts.items()
-        }
-    )
+    return encode_recorded_at({event_id: format_span_context(context) for event_id, context in contexts.items()})
+
+
+def encode_recorded_at(where: dict[str, str]) -> str:
+    """``encode_context_header`` of what ``LinkIndex.recorded_at`` returns."""
+    value = encode_header_json(where)
     return value if value is not None else OMITTED_VALUE
 
 
