@@ -51,6 +51,14 @@ def test_a_record_survives_its_event_attributes(record):
 
 
 @given(records)
+def test_an_events_attributes_keep_the_records_field_order(record):
+    # The exported bytes of an event are its attributes in this order, whatever the record's own.
+    flat = [attribute for key, attribute in names.RECORD_ATTRIBUTES if key in record]
+    foreign = [attribute for key, attribute in names.FOREIGN_ATTRIBUTES if key in record.get("foreign_error", {})]
+    assert list(event_attributes(dict(reversed(record.items())))) == flat + foreign
+
+
+@given(records)
 def test_a_record_survives_the_recorder_and_otlp_json(record):
     # What the recorder exported, as ng-otel receive writes it and show, summary and report read it.
     assume(record.get("cause_id") != record["event_id"])  # an event is not its own cause
