@@ -205,6 +205,45 @@ def test_a_cancelled_request_is_cancelled_never_a_server_error(gym_rules):
     assert event[names.KIND] == "cancelled" and names.HTTP_STATUS not in event
 
 
+def bare_app():
+    """``gym_shaped_app``'s failing routes with no middleware of the app's own: what escapes the
+    router reaches ng_otel's report layer directly, and Starlette's error middleware answers."""
+    app = FastAPI()
+
+    @app.post("/v1/responses")
+    async def responses():
+        raise ValueError("the backend said no")
+
+    @app.post("/cancelled")
+    async def cancelled():
+        raise asyncio.CancelledError()
+
+    return instrument_app(app)
+
+
+def _layers(app):
+    asyncio.run(call(app, "/nowhere"))  # builds the stack
+    node, found = app.middleware_stack, []
+    while node is not None:
+        found.append(type(node).__name__)
+        node = getattr(node, "app", None)
+    return found
+
+
+def test_with_no_middleware_of_the_app_s_own_what_escapes_the_router_is_recorded_by_the_report_layer(gym_rules):
+    gym_rules("simple_agent", "agent")
+    assert "RaisedFailureRecorder" in _layers(gym_shaped_app())  # a catch-all would answer it first
+    assert "RaisedFailureRecorder" not in _layers(bare_app())  # one layer fewer on every request
+    with capture_failures() as telemetry:
+        with pytest.raises(ValueError):
+            asyncio.run(call(bare_app(), "/v1/responses"))
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(call(bare_app(), "/cancelled"))
+    escaped, cancelled = telemetry.failure_events()  # each once
+    assert escaped[names.FOREIGN_TYPE] == "ValueError" and escaped[names.HTTP_STATUS] == 500
+    assert cancelled[names.KIND] == "cancelled"
+
+
 def test_without_gym_s_rules_a_plain_exception_is_no_event_and_a_healthy_reply_carries_nothing(gym_rules):
     with capture_failures() as telemetry:
         status, _, _ = asyncio.run(call(gym_shaped_app(), "/v1/responses"))

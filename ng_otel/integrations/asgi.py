@@ -12,7 +12,9 @@ layers around it, placed when the app builds its middleware stack:
   whoever wrote it (a ``text/event-stream`` reply gets them as a final ``ng_failure_report``
   event instead, since its headers are gone);
 - a ``RaisedFailureRecorder``, innermost, and the app's exception handlers, wrapped, record a
-  Gym failure where it is raised, on the server span, before anything answers it.
+  Gym failure where it is raised, on the server span, before anything answers it (an app
+  with no middleware of its own needs no such layer: the report layer is then directly
+  outside the router and records what escapes it).
 
 Status and body stay the app's own wherever the app answers; a failure that nothing in the
 app answers is answered here with its ``http_status`` (500 without one) and a JSON body.
@@ -67,6 +69,8 @@ class FailureReportMiddleware:
     ``record_raised=False`` when a ``RaisedFailureRecorder`` was placed already (by
     ``add_failure_layers``), otherwise the router below is found and one is put around it."""
 
+    _records_escapes = False  # a RaisedFailureRecorder below records what escapes the router
+
     def __init__(
         self,
         app: ASGIApp,
@@ -92,7 +96,13 @@ class FailureReportMiddleware:
         reply = _Reply(send, log, read=rules.reply_reader is not None and scope.get("path") in paths)
         try:
             await self.app(scope, receive, reply.send)
+        except asyncio.CancelledError as error:
+            if self._records_escapes:
+                record_escaped(error)
+            raise
         except Exception as error:
+            if self._records_escapes:
+                record_escaped(error)
             answer = failure_reply(error)
             if answer is None:
                 raise
@@ -109,6 +119,14 @@ class FailureReportMiddleware:
                 raise ReplyBroken(f"{kind} after the reply started") from None
         finally:
             close_failure_log(slot)
+
+
+class _ReportOverRouter(FailureReportMiddleware):
+    """The report layer of an app with no middleware of its own: nothing between it and the
+    router answers an exception, so it records what escapes there itself, and the request
+    passes one layer fewer than through a ``RaisedFailureRecorder``."""
+
+    _records_escapes = True
 
 
 class ReplyBroken(Exception):
@@ -255,19 +273,26 @@ class RaisedFailureRecorder:
 def add_failure_layers(app: Any, **options: Any) -> None:
     """Place ng_otel's layers in a Starlette or FastAPI app about to build its middleware
     stack (its ``build_middleware_stack`` calls this first): the report layer outermost among
-    the app's middleware, a ``RaisedFailureRecorder`` innermost, and every exception handler
+    the app's middleware, a ``RaisedFailureRecorder`` innermost (where the app has middleware
+    of its own, which may answer a failure before the report layer sees it), and every exception handler
     recording the failure it answers. An error handler of the app's own (for ``500`` or
     ``Exception``) keeps answering, and its reply carries the report too. Idempotent."""
-    if not is_enabled() or any(m.cls is FailureReportMiddleware for m in app.user_middleware):
+    if not is_enabled() or any(_is_report_layer(m.cls) for m in app.user_middleware):
         return
     from starlette.middleware import Middleware
 
     error_handler = next((key for key in (500, Exception) if key in app.exception_handlers), None)
     _wrap_handlers(app.exception_handlers, error_handler)
     options = {"answer_failures": error_handler is None, **options, "record_raised": False}
-    layer = Middleware(FailureReportMiddleware, **options)
-    app.user_middleware.insert(0, layer)
+    if not app.user_middleware:  # directly outside the router: the report layer sees what escapes it
+        app.user_middleware.insert(0, Middleware(_ReportOverRouter, **options))
+        return
+    app.user_middleware.insert(0, Middleware(FailureReportMiddleware, **options))
     app.user_middleware.append(Middleware(RaisedFailureRecorder))
+
+
+def _is_report_layer(cls: Any) -> bool:
+    return isinstance(cls, type) and issubclass(cls, FailureReportMiddleware)
 
 
 @guarded
