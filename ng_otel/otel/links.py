@@ -115,11 +115,12 @@ class LinkIndex:
             text = formatted.get(entry)
             if text is None:
                 trace_id, span_id, _, _ = entry
-                text = formatted[entry] = f"{trace_id:032x}-{span_id:016x}"
+                text = formatted[entry] = _where(trace_id, span_id)
             where[event_id] = text
         return where
 
     def _exported(self, event_ids: Iterable[str]) -> list[tuple[str, _Entry]]:
+        """(event id, entry) for each of ``event_ids`` known as exported (not ``NOT_EXPORTED``)."""
         with self._lock:
             items = self._items
             return [
@@ -130,7 +131,12 @@ class LinkIndex:
 
 
 def format_span_context(context: SpanContext) -> str:
-    return f"{context.trace_id:032x}-{context.span_id:016x}"
+    return _where(context.trace_id, context.span_id)
+
+
+def _where(trace_id: int, span_id: int) -> str:
+    """Where an event was recorded, as the context header and a saved row write it."""
+    return f"{trace_id:032x}-{span_id:016x}"
 
 
 def encode_context_header(contexts: Mapping[str, SpanContext]) -> str:
