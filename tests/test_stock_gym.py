@@ -153,8 +153,8 @@ def test_an_exception_whose_str_and_status_raise_or_whose_message_is_huge_is_sti
 # -- a Gym server's catch-all 500 carries the event ----------------------------------------------
 
 
-def gym_shaped_app():
-    """Routes that fail as stock Gym handlers do, behind a catch-all written as Gym's."""
+def failing_routes() -> FastAPI:
+    """An app whose routes fail as stock Gym handlers do."""
     app = FastAPI()
 
     @app.post("/v1/responses")
@@ -164,6 +164,13 @@ def gym_shaped_app():
     @app.post("/cancelled")
     async def cancelled():
         raise asyncio.CancelledError()
+
+    return app
+
+
+def gym_shaped_app():
+    """``failing_routes`` and a healthy one, behind a catch-all written as Gym's."""
+    app = failing_routes()
 
     @app.post("/ok")
     async def ok():
@@ -206,19 +213,9 @@ def test_a_cancelled_request_is_cancelled_never_a_server_error(gym_rules):
 
 
 def bare_app():
-    """``gym_shaped_app``'s failing routes with no middleware of the app's own: what escapes the
-    router reaches ng_otel's report layer directly, and Starlette's error middleware answers."""
-    app = FastAPI()
-
-    @app.post("/v1/responses")
-    async def responses():
-        raise ValueError("the backend said no")
-
-    @app.post("/cancelled")
-    async def cancelled():
-        raise asyncio.CancelledError()
-
-    return instrument_app(app)
+    """``failing_routes`` with no middleware of the app's own: what escapes the router reaches
+    ng_otel's report layer directly, and Starlette's error middleware answers."""
+    return instrument_app(failing_routes())
 
 
 def _layers(app):
