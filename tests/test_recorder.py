@@ -7,10 +7,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from ng_otel import observe_failure, record_failure
 from ng_otel.contract import FailureReport, NgFailureEvent, failure_report_for, rebuild_failure
+from ng_otel.integrations._exchange import observe_reply
 from ng_otel.otel import names
 from ng_otel.otel.links import LinkIndex, decode_context_header, encode_context_header, format_span_context
 from ng_otel.otel.recorder import get_recorder, install_recorder
@@ -169,6 +170,39 @@ def test_chain_across_two_processes_links_to_the_exact_spans_of_causes():
         }
     ]
     assert model_process.count() == 1 and agent_process.count() == 1
+
+
+def test_learning_a_callees_map_says_whether_any_event_is_left_to_export_here():
+    cause = model_timeout()
+    top = raise_chain(cause, NgFailureEvent("agent_run_error", "run failed", boundary="agent"))
+    report = failure_report_for(top)
+    where = SpanContext(0x77, 0xAAAA, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    with capture_failures() as telemetry:
+        # the read-back skips its recording pass on True, so True must mean every event is known
+        assert telemetry.recorder.learn_remote(report, {cause.event_id: where}) is False
+        assert telemetry.recorder.learn_remote(report, {cause.event_id: where, top.event_id: where}) is True
+        assert telemetry.recorder.learn_remote(failure_report_for(model_timeout()), None) is True
+        assert set(telemetry.recorder.index.recorded_at([cause.event_id, top.event_id])) == {
+            cause.event_id,
+            top.event_id,
+        }
+
+
+def test_a_reply_whose_map_names_only_some_events_has_the_others_exported_by_its_reader():
+    cause = model_timeout()
+    top = raise_chain(cause, NgFailureEvent("agent_run_error", "run failed", boundary="agent"))
+    headers = {
+        "X-NG-Failure-Report": failure_report_for(top).to_header(),
+        "X-NG-Failure-Context": f'{{"{cause.event_id}":"{0x77:032x}-{0xAAAA:016x}"}}',
+    }
+    with capture_failures() as telemetry:
+        with telemetry.tracer.start_as_current_span("POST /run"):
+            observe_reply(headers.get, "harness")
+            observe_reply(headers.get, "harness")  # read back again: nothing twice
+    (span,) = telemetry.spans()
+    assert [e["attributes"]["ng.failure.id"] for e in span["events"]] == [top.event_id]
+    assert [link["context"] for link in span["links"]] == [{"trace_id": 0x77, "span_id": 0xAAAA}]
+    assert telemetry.count() == 1
 
 
 def test_omitted_context_map_means_exported_elsewhere_and_unlinked():

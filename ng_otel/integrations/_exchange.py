@@ -99,8 +99,8 @@ def observe_reply(
         except ValueError as error:
             _protocol_violation(names.CONTEXT_HEADER, raw_contexts, error, boundary)
             contexts = None  # the peer did export them; we only lose the links
-        recorder.learn_remote(report, contexts)
-        recorder.record(report, own=False)  # the events the callee's map does not name are ours to export
+        if not recorder.learn_remote(report, contexts):
+            recorder.record(report, own=False)  # the events the callee's map does not name are ours to export
     log = log if log is not None else current_failure_log()
     if log is not None:
         log.add(report, own=False)

@@ -69,17 +69,6 @@ class LinkIndex:
                 self._items.popitem(last=False)
             return True
 
-    def known_all(self, event_ids: Iterable[str]) -> bool:
-        """True when every one of ``event_ids`` is known (each then counts as used now, as
-        ``add`` would count it); False, changing nothing, when one is not."""
-        with self._lock:
-            items = self._items
-            if not all(event_id in items for event_id in event_ids):
-                return False
-            for event_id in event_ids:
-                items.move_to_end(event_id)
-            return True
-
     def set(self, event_id: str, context: SpanContext) -> None:
         entry = plain_span_context(context) or context
         with self._lock:
@@ -175,5 +164,5 @@ def decode_context_map(data: object) -> dict[str, SpanContext] | None:
                 raise ValueError(f"{CONTEXT_HEADER}: {event_id}: trace and span ids are both zero or neither")
             contexts[event_id] = INVALID_SPAN_CONTEXT  # exported by the callee, on a span it cannot name
             continue
-        contexts[event_id] = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        contexts[event_id] = span_context_of((trace_id, span_id, TraceFlags.SAMPLED, True))  # checked above
     return contexts

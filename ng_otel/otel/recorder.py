@@ -121,8 +121,6 @@ class FailureRecorder:
         without adding them to ``ng.failures`` (a replay into a backend that already counted
         them live). Returns how many were new.
         """
-        if not own and self.index.known_all(report.events):
-            return 0  # each recorded here or exported by a callee already: a reply's events read back
         target = span if span is not None else trace.get_current_span()
         if recovered is None:
             recovered_ids: Collection[str] = report.recovered_ids()
@@ -157,20 +155,25 @@ class FailureRecorder:
             recorded += self._record_late(record, where, *flags)
         return recorded
 
-    def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> None:
+    def learn_remote(self, report: FailureReport, contexts: Mapping[str, SpanContext] | None) -> bool:
         """Remember events a callee already exported (``X-NG-Failure-Context``), so effects
         here link to their spans and the events are never exported again; an event this
         process already knows keeps the span it knows. ``None`` (the callee's map was omitted)
-        marks every event of ``report`` as exported, unlinked."""
+        marks every event of ``report`` as exported, unlinked. True when that leaves no event
+        of ``report`` for this process to export (the map named them all)."""
+        events = report.events
         if contexts is None:
-            for event_id in report.events:
+            for event_id in events:
                 self.index.add(event_id, INVALID_SPAN_CONTEXT)
-            return
+            return True
+        named = 0
         for event_id, context in contexts.items():
-            if event_id in report.events:
+            if event_id in events:
                 # First word wins: an event recorded here, or learned from the peer that exported
                 # it, keeps its span, whatever a later peer's map claims.
                 self.index.add(event_id, context)
+                named += 1
+        return named == len(events)
 
     def _record_late(
         self, record: Mapping[str, Any], target: _Target, recovered: bool, own: bool, terminal: bool
