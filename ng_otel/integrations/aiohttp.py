@@ -158,10 +158,9 @@ def _failed_attempt(context: SimpleNamespace, params: TraceRequestExceptionParam
     event = NgFailureEvent(kind, reason, boundary=boundary, foreign_error=foreign)
     report = FailureReport._trusted({event.event_id: event.to_record()})
     recorder = get_recorder()
-    parent = span if span is not None else trace.get_current_span()
     attempt = recorder.tracer.start_span(
         names.LATE_SPAN_PREFIX + kind,
-        context=trace.set_span_in_context(parent),
+        context=None if span is None else trace.set_span_in_context(span),  # None: the current span's
         start_time=started,
         attributes={**_request_attributes(params.method, url), **event_attributes},
     )
