@@ -129,6 +129,7 @@ class FailureRecorder:
         own_id = report.failure_id if own else None
         on = _Target(target, event_attributes, count)
         targets: dict[int, _Target] = {}
+        placed_on: dict[str, _Target] = {}  # this call's events: a cause among them needs no index read
         recorded = 0
         for record in causes_first(report.events):
             event_id = record["event_id"]
@@ -141,11 +142,13 @@ class FailureRecorder:
                 where = targets[id(chosen)] = _Target(chosen, event_attributes, count)
             flags = (event_id in recovered_ids, event_id == own_id, event_id in terminal)
             if where.recording:
-                links = self._links(record, where.context)
+                # A cause recorded on this very span needs no link: cause_id on the event says it.
+                links = [] if placed_on.get(record.get("cause_id")) is where else self._links(record, where.context)
                 if where.has_room(len(links), self._spans):
                     # Claimed with the span it goes on, so a concurrent recorder of the same id
                     # skips it; an id known already was recorded here or exported by a callee.
                     if self.index.add(event_id, where.context):
+                        placed_on[event_id] = where
                         where.take_room(len(links), self._spans)
                         self._emit(record, where, *flags, links)
                         recorded += 1
