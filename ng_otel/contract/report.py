@@ -199,8 +199,14 @@ class FailureReport:
 
     def recovered_ids(self) -> frozenset[str]:
         """Events not on the causal chain of the reply's own failure."""
-        on_chain = {record["event_id"] for record in self.chain()}
+        chain = self.chain()
+        if len(chain) == len(self.events):
+            return _NONE_RECOVERED  # the usual report, one chain: its events are distinct, so all of them
+        on_chain = {record["event_id"] for record in chain}
         return frozenset(event_id for event_id in self.events if event_id not in on_chain)
+
+
+_NONE_RECOVERED: frozenset[str] = frozenset()
 
 
 def _validated(validate: Any) -> Any:
