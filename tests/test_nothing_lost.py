@@ -120,6 +120,22 @@ def test_thousands_of_failures_in_one_request_are_merged_in_place_not_copied_per
     assert list(log.report.events) == events and log.report.failure_id == events[0]
 
 
+def test_a_log_answers_its_first_own_report_as_is_and_everything_once_more_is_added():
+    own, omitted, callee = a_remote_report(), Report(omitted=True), a_remote_report()
+    log = FailureLog()
+    log.add(own, own=True)
+    assert log.report is own  # built from nothing else: no copy
+    log.add(omitted, own=False)
+    log.add(callee, own=False)
+    assert log.report is not own
+    assert list(log.report.events) == [own.failure_id, callee.failure_id]
+    assert log.report.failure_id == own.failure_id and log.report.omitted
+    later = FailureLog()
+    later.add(omitted, own=False)
+    later.add(own, own=True)  # not the first: the omission it holds stays
+    assert later.report.omitted and later.report.failure_id == own.failure_id
+
+
 def long_chain(length):
     """``length`` Gym events, each raised from the one before: effect first."""
     error = None

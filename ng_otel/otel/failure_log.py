@@ -40,8 +40,12 @@ class FailureLog:
         records win over ones the log holds under the same id)."""
         with _LOCK:
             if own and report.failure_id is not None:
+                first = not self._events and not self._omitted
                 self._events.update(report.events)
                 self._failure_id = report.failure_id
+                if first:  # what the log holds is that report (immutable): the reply's, as it is
+                    self._omitted, self._report = report.omitted, report
+                    return
             else:
                 for event_id, record in report.events.items():
                     self._events.setdefault(event_id, record)
@@ -53,6 +57,9 @@ class FailureLog:
     @property
     def report(self) -> FailureReport:
         """Everything added so far (both sides closed under cause_id, so the union is too)."""
+        report = self._report  # one read: set or replaced whole, under the lock
+        if report is not None:
+            return report
         with _LOCK:
             if self._report is None:
                 self._report = FailureReport._trusted(dict(self._events), self._failure_id, self._omitted)
