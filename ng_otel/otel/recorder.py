@@ -129,7 +129,7 @@ class FailureRecorder:
         own_id = report.failure_id if own else None
         on = _Target(target, event_attributes, count)
         targets: dict[int, _Target] = {}
-        placed_on: dict[str, _Target] = {}  # this call's events: a cause among them needs no index read
+        placed_on: dict[str | None, _Target] = {}  # this call's events: a cause among them needs no index read
         recorded = 0
         for record in causes_first(report.events):
             event_id = record["event_id"]
