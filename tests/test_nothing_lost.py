@@ -120,7 +120,7 @@ def test_thousands_of_failures_in_one_request_are_merged_in_place_not_copied_per
     assert list(log.report.events) == events and log.report.failure_id == events[0]
 
 
-def test_a_log_answers_its_first_own_report_as_is_and_everything_once_more_is_added():
+def test_a_log_answers_its_first_own_report_as_it_is_and_a_merged_one_after_more_additions():
     own, omitted, callee = a_remote_report(), Report(omitted=True), a_remote_report()
     log = FailureLog()
     log.add(own, own=True)
