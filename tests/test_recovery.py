@@ -507,6 +507,20 @@ def test_with_an_sdk_no_line_is_written_unless_jsonl_is_asked_for(tmp_path):
         assert line[names.LINE_TRACE_ID] and line[names.LINE_SPAN_ID]  # the span it went on
 
 
+def test_whether_a_line_is_due_is_answered_for_the_tracer_asked_about_whichever_was_asked_before(tmp_path):
+    # The answer for a tracer that is no proxy is kept; asking about another tracer in between
+    # must not leave the first one's answer standing for it, nor the other's for the first.
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+
+    sdk, noop = SdkTracerProvider().get_tracer("t"), NoOpTracerProvider().get_tracer("t")
+    proxy = trace.ProxyTracer("t")
+    proxied_is_sdk = isinstance(trace.get_tracer_provider(), SdkTracerProvider)
+    lines = JsonLines("auto", str(tmp_path / "lines"))
+    for tracer, due in [(sdk, False), (noop, True), (sdk, False), (proxy, not proxied_is_sdk), (sdk, False)] * 2:
+        assert lines.active(tracer) is due, tracer
+
+
 def test_the_recovery_names_are_documented():
     text = (DOCS / "conventions.md").read_text()
     for name in (

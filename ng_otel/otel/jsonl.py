@@ -59,6 +59,7 @@ class JsonLines:
         self._lock = threading.Lock()
         self._stream: IO[bytes] | None = None
         self._tracer: object = None  # the tracer, and for a proxy the provider, the last answer was for
+        self._settled: tuple[object, bool] | None = None  # the last answer, for a tracer that is no proxy
         self._provider: object = None
         self._answer = False
 
@@ -67,26 +68,23 @@ class JsonLines:
         when ``tracer`` (the recorder's) is no SDK tracer. A proxy tracer is the global
         provider's, checked against the provider installed now, so providers installed after
         start-up count."""
+        settled = self._settled  # one read: (tracer, answer), replaced whole
+        if settled is not None and settled[0] is tracer:  # no proxy: its answer never changes (read per event)
+            return settled[1]
         if self.mode != "auto":
             return self.mode == "jsonl"
-        if tracer is self._tracer:
-            if not isinstance(tracer, ProxyTracer):
-                return self._answer
+        if tracer is self._tracer:  # a proxy: its answer holds while the global provider does
             provider = trace.get_tracer_provider()
             if provider is self._provider:
                 return self._answer
         self._tracer = tracer
         if isinstance(tracer, ProxyTracer):
-            self._provider = trace.get_tracer_provider()
+            self._provider, self._settled = trace.get_tracer_provider(), None
             self._answer = self._disabled or not _is_sdk_provider(self._provider)
         else:
             self._answer = self._disabled or not _is_sdk_tracer(tracer)
+            self._settled = (tracer, self._answer)
         return self._answer
-
-    def failure(self, attributes: Mapping[str, Any], context: SpanContext | None, tracer: Tracer) -> None:
-        """One ``ng.failure`` line: the event's attributes, as the span event has them."""
-        if self.active(tracer):
-            self.write(names.EVENT, attributes, context)
 
     @guarded
     def write(self, record: str, attributes: Mapping[str, Any], context: SpanContext | None = None) -> None:

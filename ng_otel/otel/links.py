@@ -33,6 +33,11 @@ _CONTEXT_RE = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
 _Entry = PlainSpanContext | SpanContext
 
 
+def index_entry(context: SpanContext) -> _Entry:
+    """How the index holds ``context``."""
+    return plain_span_context(context) or context
+
+
 class LinkIndex:
     """A thread-safe LRU map event id -> span context, at most ``capacity`` entries."""
 
@@ -57,9 +62,11 @@ class LinkIndex:
             self._items.move_to_end(event_id)
         return entry if isinstance(entry, SpanContext) else span_context_of(entry)
 
-    def add(self, event_id: str, context: SpanContext) -> bool:
-        """Remember ``event_id``; False when it was known already (nothing changes then)."""
-        entry = plain_span_context(context) or context
+    def add(self, event_id: str, context: SpanContext, entry: _Entry | None = None) -> bool:
+        """Remember ``event_id``; False when it was known already (nothing changes then).
+        ``entry``: ``index_entry(context)``, when the caller has it (for a span's every event)."""
+        if entry is None:
+            entry = index_entry(context)
         with self._lock:
             if event_id in self._items:
                 self._items.move_to_end(event_id)
@@ -70,7 +77,7 @@ class LinkIndex:
             return True
 
     def set(self, event_id: str, context: SpanContext) -> None:
-        entry = plain_span_context(context) or context
+        entry = index_entry(context)
         with self._lock:
             self._items[event_id] = entry
             self._items.move_to_end(event_id)
@@ -103,8 +110,7 @@ class LinkIndex:
                 continue
             text = formatted.get(entry)
             if text is None:
-                trace_id, span_id, _, _ = entry
-                text = formatted[entry] = _where(trace_id, span_id)
+                text = formatted[entry] = f"{entry[0]:032x}-{entry[1]:016x}"  # _where's, inline: once per span
             where[event_id] = text
         return where
 

@@ -39,7 +39,7 @@ from ng_otel.otel._guard import guarded
 from ng_otel.otel.attributes import event_attributes
 from ng_otel.otel.failure_log import current_failure_log
 from ng_otel.otel.jsonl import process_lines
-from ng_otel.otel.links import NOT_EXPORTED, LinkIndex
+from ng_otel.otel.links import NOT_EXPORTED, LinkIndex, index_entry
 from ng_otel.otel.settings import Settings, SettingsError, warn_not_enabled
 
 Failure = NgFailureEvent | FailureReport | BaseException
@@ -129,7 +129,8 @@ class FailureRecorder:
         own_id = report.failure_id if own else None
         on = _Target(target, event_attributes, count)
         targets: dict[int, _Target] = {}
-        placed_on: dict[str | None, _Target] = {}  # this call's events: a cause among them needs no index read
+        placed_on: dict[str, _Target] = {}  # this call's events: a cause among them needs no index read
+        events_taken = 1 if self._spans else 0  # room an event takes: none when events go to logs only
         recorded = 0
         for record in causes_first(report.events):
             event_id = record["event_id"]
@@ -142,14 +143,18 @@ class FailureRecorder:
                 where = targets[id(chosen)] = _Target(chosen, event_attributes, count)
             flags = (event_id in recovered_ids, event_id == own_id, event_id in terminal)
             if where.recording:
+                cause_id = record.get("cause_id")
                 # A cause recorded on this very span needs no link: cause_id on the event says it.
-                links = [] if placed_on.get(record.get("cause_id")) is where else self._links(record, where.context)
-                if where.has_room(len(links), self._spans):
+                linked = cause_id is not None and placed_on.get(cause_id) is not where
+                links = self._links(record, where.context) if linked else []
+                # The room is the target's own, read inline: this loop runs once per event.
+                if where.events_room >= events_taken and where.links_room >= len(links):
                     # Claimed with the span it goes on, so a concurrent recorder of the same id
                     # skips it; an id known already was recorded here or exported by a callee.
-                    if self.index.add(event_id, where.context):
+                    if self.index.add(event_id, where.context, where.entry):
                         placed_on[event_id] = where
-                        where.take_room(len(links), self._spans)
+                        where.events_room -= events_taken
+                        where.links_room -= len(links)
                         self._emit(record, where, *flags, links)
                         recorded += 1
                     continue
@@ -215,12 +220,10 @@ class FailureRecorder:
     def _classified(
         self, boundary: str, kind: str, status: int | None, stage: str | None, recovered: bool, terminal: bool
     ) -> tuple[str, FailureLabels]:
-        """The class and the tally series of an event: computed once per distinct combination
-        (the classifier and the kind guard give a combination the same answer every time)."""
+        """The class and the tally series of an event whose combination ``_emit`` found no
+        cached answer for: each is computed once (the classifier and the kind guard give a
+        combination the same answer every time)."""
         key = (boundary, kind, status, stage, recovered, terminal)
-        cached = self._series.get(key)
-        if cached is not None and self._series_by is self.classifier:
-            return cached
         if self._series_by is not self.classifier or len(self._series) >= _MAX_SERIES_CACHED:
             self._series, self._series_by = {}, self.classifier
         failure_class = self.classifier.classify(kind, status, terminal=terminal).value
@@ -242,7 +245,11 @@ class FailureRecorder:
         stage = record.get("stage")
         status = record.get("http_status")
         if target.counted:
-            failure_class, labels = self._classified(record["boundary"], kind, status, stage, recovered, terminal)
+            boundary = record["boundary"]
+            cached = self._series.get((boundary, kind, status, stage, recovered, terminal))
+            if cached is None or self._series_by is not self.classifier:
+                cached = self._classified(boundary, kind, status, stage, recovered, terminal)
+            failure_class, labels = cached
         else:
             failure_class, labels = self.classifier.classify(kind, status, terminal=terminal).value, None
         attributes = event_attributes(record)
@@ -260,8 +267,9 @@ class FailureRecorder:
 
         if labels is not None:
             self._failures.add(labels, target.context)
-        if self.lines is not None:
-            self.lines.failure(attributes, target.context, self.tracer)
+        lines = self.lines
+        if lines is not None and lines.active(self.tracer):
+            lines.write(names.EVENT, attributes, target.context)  # the event's attributes, as the span has them
         if self._logger is not None:
             self._logger.emit(
                 event_name=names.EVENT,
@@ -275,23 +283,17 @@ class FailureRecorder:
 class _Target:
     """The span failures go on, with what every event needs from it computed once."""
 
-    __slots__ = ("context", "counted", "events_room", "extra", "links_room", "recording", "span")
+    __slots__ = ("context", "counted", "entry", "events_room", "extra", "links_room", "recording", "span")
 
     def __init__(self, span: Span, extra: Mapping[str, Any] | None = None, counted: bool = True) -> None:
         self.span = span
         self.extra = extra
         self.counted = counted
         self.context = span.get_span_context()
+        self.entry = index_entry(self.context)  # the link index's form of it, for each event's claim
         self.recording = span.is_recording()
         room: tuple[float, float] = span_room(span) if self.recording else (0, 0)
         self.events_room, self.links_room = room
-
-    def has_room(self, links: int, events: bool) -> bool:
-        return (not events or self.events_room >= 1) and self.links_room >= links
-
-    def take_room(self, links: int, events: bool) -> None:
-        self.events_room -= events
-        self.links_room -= links
 
 
 def _mark_error(span: Span, kind: str) -> None:
