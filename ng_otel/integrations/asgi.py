@@ -243,7 +243,10 @@ def _content_type(headers: Any) -> bytes:
 
 
 def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(name.lower().encode("ascii"), value.encode("ascii")) for name, value in headers]
+    encoded = []
+    for name, value in headers:  # a loop, not a comprehension (a call of its own): every failing reply
+        encoded.append((name.lower().encode("ascii"), value.encode("ascii")))
+    return encoded
 
 
 class RaisedFailureRecorder:

@@ -17,12 +17,20 @@ _FOREIGN = names.FOREIGN_ATTRIBUTES
 def event_attributes(record: Mapping[str, Any]) -> dict[str, Any]:
     """The event attributes of ``record`` (a ``FailureRecord``): each field it holds, under
     its attribute name (``recovered`` and ``class`` are the recorder's to add)."""
+    # Loops, not comprehensions: a comprehension is a call of its own, and this runs per event.
+    attributes: dict[str, Any] = {}
     get = record.get
-    attributes = {attribute: value for key, attribute in _FLAT if (value := get(key)) is not None}
+    for key, attribute in _FLAT:
+        value = get(key)
+        if value is not None:
+            attributes[attribute] = value
     foreign = get("foreign_error")
     if foreign is not None:
         get = foreign.get
-        attributes.update({attribute: value for key, attribute in _FOREIGN if (value := get(key)) is not None})
+        for key, attribute in _FOREIGN:
+            value = get(key)
+            if value is not None:
+                attributes[attribute] = value
     return attributes
 
 
