@@ -137,26 +137,37 @@ class ReplyBroken(Exception):
 class _Reply:
     """Forwards the app's messages, adding the report where the reply can still carry it."""
 
-    __slots__ = ("_body", "_finished", "_held", "_held_bytes", "_log", "_read", "_send", "_stream", "started")
+    __slots__ = (
+        "_body",
+        "_finished",
+        "_held",
+        "_held_bytes",
+        "_log",
+        "_read",
+        "_send",
+        "_start_headers",
+        "_stream",
+        "started",
+    )
+    _body: list[bytes]  # a held reply's body so far, and its size: set when a reply is held
+    _held_bytes: int
 
     def __init__(self, send: Send, log: FailureLog, *, read: bool = False) -> None:
         self._send = send
         self._log = log
         self._read = read
         self._held: Message | None = None  # the start of a reply to read, until its body is read
-        self._body: list[bytes] = []
-        self._held_bytes = 0
         self.started = False
-        self._stream = False
-        self._finished = False
+        self._start_headers: Any = ()
+        self._stream: bool | None = None  # whether the reply is an event stream, read when it matters
+        self._finished = False  # the reply's last message went out
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            content_type = _content_type(message.get("headers", ()))
-            self._stream = content_type.startswith(b"text/event-stream")
-            if self._read and content_type.startswith(b"application/json"):
-                self._held = message
+            self._start_headers = message.get("headers", ())
+            if self._read and _content_type(self._start_headers).startswith(b"application/json"):
+                self._held, self._body, self._held_bytes = message, [], 0
                 return
             await self._send(self._started(message))
             return
@@ -171,15 +182,22 @@ class _Reply:
             read_reply(b"".join(self._body))
             await self._release(more_body=False)
             return
-        if kind == "http.response.body" and self._stream and not message.get("more_body", False):
-            await self._send_report_event()
+        if kind == "http.response.body" and not message.get("more_body", False):
+            if self._log and self._is_stream():
+                await self._send_report_event()
             self._finished = True
         await self._send(message)
+
+    def _is_stream(self) -> bool:
+        """A healthy reply never asks: its content type is read only for a reply with failures."""
+        if self._stream is None:
+            self._stream = _content_type(self._start_headers).startswith(b"text/event-stream")
+        return self._stream
 
     def _started(self, message: Message) -> Message:
         """The reply's start as it leaves: with the report headers, when there are failures."""
         self.started = True
-        if self._log and not self._stream:
+        if self._log and not self._is_stream():
             headers = message.get("headers", ())
             if any(name.lower() in _FAILURE_HEADER_NAMES for name, _ in headers):  # the app set its own
                 adopt_app_headers(_header_getter(headers), self._log, rules.client_boundary, message["status"])
@@ -207,11 +225,13 @@ class _Reply:
 
     async def finish_stream(self) -> bool:
         """A stream broken by a failure still ends, with its report: True when it did."""
-        if self._stream and not self._finished:
+        if not self._is_stream():
+            return False
+        if not self._finished:
             await self._send_report_event()
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             self._finished = True
-        return self._finished
+        return True
 
     async def _send_report_event(self) -> None:
         lines = [
