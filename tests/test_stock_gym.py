@@ -295,6 +295,55 @@ def test_every_request_carries_the_caller_s_trace_context_once(gym_rules):
     assert root == [f"00-{client['context']['trace_id']:032x}-{client['context']['span_id']:016x}-01"]
 
 
+def test_a_propagator_of_another_format_carries_the_current_span_and_adds_no_client_span(gym_rules):
+    # No traceparent after injecting says nothing about the current span: it is read instead.
+    from opentelemetry import propagate, trace
+    from opentelemetry.propagators.textmap import DefaultSetter, TextMapPropagator
+
+    class OtherFormat(TextMapPropagator):
+        def inject(self, carrier, context=None, setter=None):
+            span = trace.get_current_span(context).get_span_context()
+            if span.is_valid:
+                (setter or DefaultSetter()).set(carrier, "x-other-trace", f"{span.trace_id:032x}:{span.span_id:016x}")
+
+        def extract(self, carrier, context=None, getter=None):
+            return context
+
+        @property
+        def fields(self):
+            return {"x-other-trace"}
+
+    gym_rules("simple_agent", "agent")
+    seen = []
+
+    async def echo(request):
+        seen.append((request.headers.get("x-other-trace"), request.headers.get("traceparent")))
+        return web.json_response({})
+
+    async def scenario(telemetry):
+        runner, url = await serve(echo)
+        try:
+            async with aiohttp.ClientSession(trace_configs=[failure_trace_config()]) as session:
+                with telemetry.tracer.start_as_current_span("server") as server:
+                    await (await session.post(f"{url}/a")).read()
+                await (await session.post(f"{url}/root")).read()  # outside any span: a CLIENT span of its own
+            return server.get_span_context()
+        finally:
+            await runner.cleanup()
+
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(OtherFormat())
+    try:
+        with capture_failures() as telemetry:
+            server = asyncio.run(scenario(telemetry))
+    finally:
+        propagate.set_global_textmap(before)
+    inside, root = seen
+    assert inside == (f"{server.trace_id:032x}:{server.span_id:016x}", None)
+    (client,) = [s for s in telemetry.spans() if s["name"] == "POST"]  # the root request's alone
+    assert root == (f"{client['context']['trace_id']:032x}:{client['context']['span_id']:016x}", None)
+
+
 def test_each_failed_attempt_of_a_retry_loop_is_a_recovered_event_on_a_span_that_ends_with_it(gym_rules):
     gym_rules("simple_agent", "agent")
 

@@ -33,6 +33,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 from ng_otel.contract.events import ForeignError, NgFailureEvent, bound_text
+from ng_otel.contract.header import REPORT_HEADER
 from ng_otel.contract.report import FailureReport, rebuild_failure
 from ng_otel.integrations import Patch
 from ng_otel.integrations._exchange import observe_reply
@@ -100,8 +101,9 @@ def _start(context: SimpleNamespace, params: TraceRequestStartParams) -> None:
     context.ng_otel_start = time.time_ns()
     if TRACEPARENT in params.headers:  # Gym's own telemetry or contrib's instrumentation carried it
         return
-    if trace.get_current_span().get_span_context().is_valid:
-        propagate.inject(params.headers)  # the current context: the handler's server span
+    propagate.inject(params.headers)  # the current context: the handler's server span
+    # A traceparent written says the current span is valid, without reading it a second time.
+    if TRACEPARENT in params.headers or trace.get_current_span().get_span_context().is_valid:
         return
     span = get_recorder().tracer.start_span(
         params.method, kind=SpanKind.CLIENT, attributes=_request_attributes(params.method, _without_query(params.url))
@@ -201,7 +203,8 @@ def _observe(response: ClientResponse, boundary: str) -> FailureReport | None:
     cached = getattr(response, _OBSERVED, None)
     if cached is not None:
         return cached if isinstance(cached, FailureReport) else None
-    report = observe_reply(response.headers.get, boundary)
+    # Most replies carry no report: one lookup says so, without observe_reply's call and guard.
+    report = observe_reply(response.headers.get, boundary) if REPORT_HEADER in response.headers else None
     try:
         setattr(response, _OBSERVED, report if report is not None else False)
     except AttributeError:  # a response type with slots: reading twice is idempotent anyway
