@@ -262,6 +262,21 @@ async def serve(handler):
     return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
 
+async def post_in_a_span_then_outside(telemetry, handler, inside):
+    """POST to ``handler`` once per headers of ``inside`` within a server span, then once
+    outside any span (a CLIENT span of its own); the server span's context."""
+    runner, url = await serve(handler)
+    try:
+        async with aiohttp.ClientSession(trace_configs=[failure_trace_config()]) as session:
+            with telemetry.tracer.start_as_current_span("server") as server:
+                for headers in inside:
+                    await (await session.post(f"{url}/in", headers=headers)).read()
+            await (await session.post(f"{url}/root")).read()
+        return server.get_span_context()
+    finally:
+        await runner.cleanup()
+
+
 def test_every_request_carries_the_caller_s_trace_context_once(gym_rules):
     gym_rules("simple_agent", "agent")
     seen = []
@@ -270,24 +285,9 @@ def test_every_request_carries_the_caller_s_trace_context_once(gym_rules):
         seen.append(request.headers.getall("traceparent", []))
         return web.json_response({})
 
-    async def scenario(telemetry):
-        runner, url = await serve(echo)
-        try:
-            async with aiohttp.ClientSession(trace_configs=[failure_trace_config()]) as session:
-                with telemetry.tracer.start_as_current_span("server") as server:
-                    await (await session.post(f"{url}/a")).read()
-                    await (
-                        await session.post(
-                            f"{url}/b", headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
-                        )
-                    ).read()
-                await (await session.post(f"{url}/root")).read()  # outside any span: a CLIENT span of its own
-            return server.get_span_context()
-        finally:
-            await runner.cleanup()
-
+    carrying = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
     with capture_failures() as telemetry:
-        server = asyncio.run(scenario(telemetry))
+        server = asyncio.run(post_in_a_span_then_outside(telemetry, echo, [{}, carrying]))
     inside, carried, root = seen
     assert inside == [f"00-{server.trace_id:032x}-{server.span_id:016x}-01"]
     assert carried == ["00-" + "1" * 32 + "-" + "2" * 16 + "-01"]  # never a second one
@@ -320,22 +320,11 @@ def test_a_propagator_of_another_format_carries_the_current_span_and_adds_no_cli
         seen.append((request.headers.get("x-other-trace"), request.headers.get("traceparent")))
         return web.json_response({})
 
-    async def scenario(telemetry):
-        runner, url = await serve(echo)
-        try:
-            async with aiohttp.ClientSession(trace_configs=[failure_trace_config()]) as session:
-                with telemetry.tracer.start_as_current_span("server") as server:
-                    await (await session.post(f"{url}/a")).read()
-                await (await session.post(f"{url}/root")).read()  # outside any span: a CLIENT span of its own
-            return server.get_span_context()
-        finally:
-            await runner.cleanup()
-
     before = propagate.get_global_textmap()
     propagate.set_global_textmap(OtherFormat())
     try:
         with capture_failures() as telemetry:
-            server = asyncio.run(scenario(telemetry))
+            server = asyncio.run(post_in_a_span_then_outside(telemetry, echo, [{}]))
     finally:
         propagate.set_global_textmap(before)
     inside, root = seen
