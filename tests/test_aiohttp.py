@@ -99,7 +99,7 @@ def test_successful_reply_returns_and_its_report_feeds_the_request_log():
 
     async def scenario():
         runner, url = await serve([web.get("/", ok)])
-        log, token = open_failure_log()
+        log = open_failure_log()
         try:
             async with aiohttp.ClientSession(trace_configs=[failure_trace_config()]) as session:
                 async with session.get(url) as response:
@@ -107,7 +107,7 @@ def test_successful_reply_returns_and_its_report_feeds_the_request_log():
                     assert reply_report(response) == recovered
             return log.report
         finally:
-            close_failure_log(token)
+            close_failure_log(log)
             await runner.cleanup()
 
     with capture_failures():

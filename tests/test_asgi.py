@@ -197,7 +197,7 @@ def test_a_context_the_request_leaves_behind_keeps_no_failure_log():
     # failures alive, and a task outliving the request adds to no reply's log.
     import contextvars
 
-    from ng_otel.otel.failure_log import current_failure_log
+    from ng_otel.otel import failure_log
 
     app = FastAPI()
     left_behind = []
@@ -211,7 +211,9 @@ def test_a_context_the_request_leaves_behind_keeps_no_failure_log():
     with capture_failures():
         _status, headers, _ = asyncio.run(call(instrument_app(app), "/work"))
     assert "x-ng-failure-report" in headers  # the log served its reply
-    assert left_behind[0].run(current_failure_log) is None
+    assert left_behind[0].run(failure_log.current_failure_log) is None
+    kept = left_behind[0].run(failure_log._current.get)  # what the copy still holds: an emptied log
+    assert kept is not None and not kept and kept.report.events == {}
 
 
 def test_disabled_middleware_is_a_passthrough(monkeypatch):

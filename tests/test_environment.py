@@ -17,7 +17,7 @@ IDENTITY = {"episode_id": {"rollout_id": "task-1", "attempt": 0}, "task_id": {"t
 
 def run_episode(response=None):
     """An environment handling a lost session, then a failing cleanup, inside one request."""
-    log, token = open_failure_log()
+    log = open_failure_log()
     try:
         cause = NgFailureEvent("transport_peer_drop", "sandbox connection reset", boundary="environment")
         try:
@@ -30,7 +30,7 @@ def run_episode(response=None):
         answer = episode_response(response if response is not None else {**IDENTITY, "result": {"trajectory": ["a"]}})
         return answer, cause, lost, late, log.report
     finally:
-        close_failure_log(token)
+        close_failure_log(log)
 
 
 def test_episode_response_carries_the_failure_under_failure_and_the_report_beside_it():

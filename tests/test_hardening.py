@@ -142,13 +142,13 @@ def test_failures_observed_in_concurrent_threads_never_mix():
     reports = {}
 
     def request(tag):
-        log, token = open_failure_log()
+        log = open_failure_log()
         try:
             for step in range(20):
                 observe_failure(NgFailureEvent("transport_timeout", f"{tag}:{step}", boundary="model"))
             reports[tag] = log.report
         finally:
-            close_failure_log(token)
+            close_failure_log(log)
 
     with capture_failures() as telemetry:
         threads = [threading.Thread(target=request, args=(tag,)) for tag in range(16)]

@@ -136,6 +136,21 @@ def test_a_log_answers_its_first_own_report_as_it_is_and_a_merged_one_after_more
     assert later.report.omitted and later.report.failure_id == own.failure_id
 
 
+def test_a_closed_log_lets_go_of_its_records_and_takes_no_more():
+    # A context copied during the request keeps its log after the request closed: the log
+    # must keep nothing there, and a task that outlived the request must add nothing to it.
+    from ng_otel.otel.failure_log import close_failure_log, current_failure_log, open_failure_log
+
+    log = open_failure_log()
+    log.add(a_remote_report(), own=True)
+    log.add(a_remote_report(), own=False)
+    assert log and len(log.report.events) == 2 and current_failure_log() is log
+    close_failure_log(log)
+    assert current_failure_log() is None and not log and log.report.events == {}
+    log.add(a_remote_report(), own=False)  # a task that outlived the request
+    assert not log and log.report.events == {} and log.last_callee_failure is None
+
+
 def long_chain(length):
     """``length`` Gym events, each raised from the one before: effect first."""
     error = None

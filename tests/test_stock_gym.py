@@ -497,18 +497,19 @@ def test_a_judge_failure_the_verify_reply_names_is_caused_by_the_judge_models_re
         "X-NG-Failure-Context": json.dumps({judge_model.event_id: "0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331"}),
     }
     with capture_failures() as telemetry:
-        log, token = open_failure_log()  # simpleqa's /verify request
+        log = open_failure_log()  # simpleqa's /verify request
         try:
             with telemetry.tracer.start_as_current_span("POST /verify"):
                 observe_reply(reply.get, "resources_server")  # the judge model answered 500 with its report
                 record_verify_outcome({"reward": 0.0, "mask_sample": True, "failure_kind": "judge_failed"})
+            report = log.report  # what the /verify reply carries
         finally:
-            close_failure_log(token)
+            close_failure_log(log)
         (event,) = telemetry.failure_events()  # the judge model's event was its own to export
         assert event[names.KIND] == "judge_failed" and event[names.CAUSE_ID] == judge_model.event_id
         (span,) = telemetry.spans()
         assert span["links"][0]["context"]["span_id"] == 0xB7AD6B7169203331
-        assert log.report.events[event[names.ID]]["cause_id"] == judge_model.event_id  # the reply's report says so too
+        assert report.events[event[names.ID]]["cause_id"] == judge_model.event_id  # the reply's report says so too
 
 
 def test_a_masked_rows_saved_report_names_the_judge_failure_as_the_rows_own(monkeypatch):

@@ -25,7 +25,7 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
     the JSON replies of the reply reader's routes are read, as the ASGI middleware reads them)."""
     if not is_enabled():
         return await handler(request)  # type: ignore[no-any-return]
-    log, slot = open_failure_log()
+    log = open_failure_log()
     try:
         try:
             response: web.StreamResponse = await handler(request)
@@ -40,7 +40,7 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
             response = web.Response(status=status, body=body, content_type="application/json")
         if not response.prepared and request.path in rules.reply_paths:
             _read_reply_of(response)
-        if not response.prepared and log:
+        if not response.prepared and log.observed:
             adopt_app_headers(response.headers.get, log, rules.client_boundary, response.status)  # the app's own
             for name in FAILURE_HEADERS:
                 response.headers.popall(name, None)
@@ -50,4 +50,4 @@ async def failure_report_middleware(request: web.Request, handler: Any) -> web.S
             raise response
         return response
     finally:
-        close_failure_log(slot)
+        close_failure_log(log)

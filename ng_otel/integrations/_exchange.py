@@ -31,7 +31,7 @@ MAX_RAW_SHOWN = 512  # how much of a malformed header a protocol_violation reaso
 def reply_headers(log: FailureLog) -> list[tuple[str, str]] | None:
     """The two reply headers for what ``log`` holds; none when nothing was observed (and
     ``None`` after an internal error: the reply then goes out without them)."""
-    if not log:
+    if not log.observed:
         return []
     report = log.report
     value = report.to_header()

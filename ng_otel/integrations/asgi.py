@@ -89,11 +89,11 @@ class FailureReportMiddleware:
         if scope["type"] != "http" or not is_enabled():
             await self.app(scope, receive, send)
             return
-        log, slot = open_failure_log()
+        log = open_failure_log()
         if not self.answer_failures:
             scope[_LOG_SCOPE_KEY] = log  # for the app's error handler, which answers outside this layer
         paths = rules.reply_paths if self.reply_paths is None else self.reply_paths
-        reply = _Reply(send, log, read=rules.reply_reader is not None and scope.get("path") in paths)
+        reply = _Reply(send, log, rules.reply_reader is not None and scope.get("path") in paths)
         try:
             await self.app(scope, receive, reply.send)
         except asyncio.CancelledError as error:
@@ -118,7 +118,9 @@ class FailureReportMiddleware:
                 kind = report.chain()[0]["failure_kind"]  # the reply's own failure
                 raise ReplyBroken(f"{kind} after the reply started") from None
         finally:
-            close_failure_log(slot)
+            if not self.answer_failures:  # the app's error handler may answer after this layer closes
+                scope[_LOG_SCOPE_KEY] = log.copy()
+            close_failure_log(log)
 
 
 class _ReportOverRouter(FailureReportMiddleware):
@@ -137,30 +139,19 @@ class ReplyBroken(Exception):
 class _Reply:
     """Forwards the app's messages, adding the report where the reply can still carry it."""
 
-    __slots__ = (
-        "_body",
-        "_finished",
-        "_held",
-        "_held_bytes",
-        "_log",
-        "_read",
-        "_send",
-        "_start_headers",
-        "_stream",
-        "started",
-    )
+    # Class defaults, not __slots__ set in __init__: one per request, most never change.
+    _held: Message | None = None  # the start of a reply to read, until its body is read
     _body: list[bytes]  # a held reply's body so far, and its size: set when a reply is held
     _held_bytes: int
+    started = False
+    _start_headers: Any = ()
+    _stream: bool | None = None  # whether the reply is an event stream, read when it matters
+    _finished = False  # the reply's last message went out
 
-    def __init__(self, send: Send, log: FailureLog, *, read: bool = False) -> None:
+    def __init__(self, send: Send, log: FailureLog, read: bool) -> None:
         self._send = send
         self._log = log
-        self._read = read
-        self._held: Message | None = None  # the start of a reply to read, until its body is read
-        self.started = False
-        self._start_headers: Any = ()
-        self._stream: bool | None = None  # whether the reply is an event stream, read when it matters
-        self._finished = False  # the reply's last message went out
+        self._read = read  # whether the reply reader reads this reply
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -169,7 +160,8 @@ class _Reply:
             if self._read and _content_type(self._start_headers).startswith(b"application/json"):
                 self._held, self._body, self._held_bytes = message, [], 0
                 return
-            await self._send(self._started(message))
+            self.started = True
+            await self._send(self._with_report(message) if self._log.observed else message)
             return
         if self._held is not None and kind == "http.response.body":
             chunk = message.get("body", b"")
@@ -183,7 +175,7 @@ class _Reply:
             await self._release(more_body=False)
             return
         if kind == "http.response.body" and not message.get("more_body", False):
-            if self._log and self._is_stream():
+            if self._log.observed and self._is_stream():
                 await self._send_report_event()
             self._finished = True
         await self._send(message)
@@ -194,10 +186,10 @@ class _Reply:
             self._stream = _content_type(self._start_headers).startswith(b"text/event-stream")
         return self._stream
 
-    def _started(self, message: Message) -> Message:
-        """The reply's start as it leaves: with the report headers, when there are failures."""
-        self.started = True
-        if self._log and not self._is_stream():
+    def _with_report(self, message: Message) -> Message:
+        """The start of a reply with failures as it leaves: with the report headers (an event
+        stream carries them as its last event instead)."""
+        if not self._is_stream():
             headers = message.get("headers", ())
             if any(name.lower() in _FAILURE_HEADER_NAMES for name, _ in headers):  # the app set its own
                 adopt_app_headers(_header_getter(headers), self._log, rules.client_boundary, message["status"])
@@ -208,7 +200,8 @@ class _Reply:
     async def _release(self, *, more_body: bool) -> None:
         held, self._held = self._held, None
         if held is not None:
-            await self._send(self._started(held))
+            self.started = True
+            await self._send(self._with_report(held) if self._log.observed else held)
         body, self._body, self._held_bytes = b"".join(self._body), [], 0
         await self._send({"type": "http.response.body", "body": body, "more_body": more_body})
 
