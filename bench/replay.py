@@ -88,7 +88,10 @@ def main(count: int = 100_000) -> bool:
                 bare += time.perf_counter() - start
                 if done + CHUNK >= count // 5 and not rss_early:
                     rss_early = rss_mib()
-    assert summary.events_recorded == 3 * count and not summary.skipped
+    # Every row replayed, none skipped (SkippedLines is an object, always true: its count says)
+    if summary.events_recorded != 3 * count or summary.skipped_rows:
+        lost = f"{summary.events_recorded:,} events of {3 * count:,}, {summary.skipped_rows} rows skipped"
+        raise RuntimeError(f"replay lost rows: {lost}")
     print(f"replay: {count / ours:,.0f} rows/s; bare SDK: {count / bare:,.0f} rows/s")
     print(f"peak RSS after {count // 5:,} rows: {rss_early:.0f} MiB; after {count:,}: {rss_mib():.0f} MiB")
     return report(f"replay of {count:,} rows vs bare SDK (per row)", ours / count, bare / count, target=2.0)
