@@ -202,6 +202,16 @@ def load(*args: object, timeout: float) -> dict[str, Any]:
     return result
 
 
+def turn_order(names: list[str], index: int) -> list[str]:
+    """The servers' order in round ``index``: over ``2 * len(names)`` rounds every server takes
+    every place, and follows every other one, equally often. A server loaded after another
+    shares its core with what that one still does (its span processor's last export, its
+    metric reader); a server always in the middle would always pay for it."""
+    shift = index % len(names)
+    order = names[shift:] + names[:shift]
+    return order[::-1] if (index // len(names)) % 2 else order
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of a process, all its threads."""
     with open(f"/proc/{pid}/stat") as stat:

@@ -12,7 +12,7 @@ caller's, one linked to the callee's span). Four events, three of them a chain w
 link, OTLP/HTTP export on to ng_otel's receiver in its own process over a real socket.
 
 Each round runs a window of failing requests only, then one of healthy requests only, at
-concurrency 256, on each server in turn (the order reversed every round); after each window
+concurrency 256, on each server in turn (the order turned every round: ``turn_order``); after each window
 the span processor's queue is given time to drain, so its export is billed to that window.
 Every figure is a ratio of neighbours in one round: the median over rounds, the range in
 brackets. Then the failing request one at a time, the servers called in turn: its p50, and the
@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _load import body
-from _procs import CLIENT_CPUS, cpu_seconds, event_loop_cpu_ns, load_generator, otlp_sink, servers
+from _procs import CLIENT_CPUS, cpu_seconds, event_loop_cpu_ns, load_generator, otlp_sink, servers, turn_order
 from throughput import telemetry_env
 
 CONCURRENCY = 256
@@ -63,7 +63,7 @@ def cpu_rounds(running: dict[str, Any], rounds: int, seconds: float) -> list[dic
     names = list(running)
     with load_generator() as generator:
         for index in range(rounds + 1):  # round 0 warms every server up, unrecorded
-            order = names if index % 2 == 0 else names[::-1]
+            order = turn_order(names, index)
             round_: dict[str, dict[str, float]] = {name: {} for name in names}
             for mix, fail_every in (("failing", 1), ("healthy", 0)):
                 for name in order:
@@ -122,11 +122,7 @@ def one_at_a_time(running: dict[str, Any], requests: int) -> dict[str, dict[str,
     cpu: dict[str, list[int]] = {name: [] for name in clients}
     names = list(clients)
     for index in range(requests + 100):
-        shift = index % len(names)
-        order = names[shift:] + names[:shift]
-        if (index // len(names)) % 2:
-            order.reverse()
-        for name in order:
+        for name in turn_order(names, index):
             pid = running[name].pid
             cpu_before = event_loop_cpu_ns(pid)
             start = time.perf_counter()

@@ -33,10 +33,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _procs import cpu_seconds, load_generator, otlp_sink, servers
+from _procs import cpu_seconds, load_generator, otlp_sink, servers, turn_order
 
 CONCURRENCIES = (256, 1024)
 WARMUP = 0.5  # seconds of load before each measured window, at concurrency 256
+DRAIN = 0.4  # seconds after a window for the span processor to export what it queued (delay 100 ms)
 
 
 # Every request holds a second one (its model call) on the same server, so requests move in
@@ -83,7 +84,7 @@ def measure(args: argparse.Namespace, sink_pid: int | None, env: dict[str, str])
         for concurrency in CONCURRENCIES:
             results[concurrency] = []
             for index in range(args.rounds + 1):  # round 0 warms every server up, unrecorded
-                order = names if index % 2 == 0 else names[::-1]  # nobody always goes first
+                order = turn_order(names, index)
                 round_: dict[str, Any] = {}
                 for name in order:
                     pid = running[name].pid
@@ -91,6 +92,7 @@ def measure(args: argparse.Namespace, sink_pid: int | None, env: dict[str, str])
                     start = time.monotonic(), cpu_seconds(pid), cpu_seconds(sink_pid) if sink_pid else 0.0
                     seconds, warmup = scaled(args.seconds, concurrency), scaled(WARMUP, concurrency)
                     result = generator.window(running[name].port, concurrency, MAX_REQUESTS, seconds, warmup)
+                    time.sleep(DRAIN)  # its span processor's last export billed to this window, not the next server's
                     wall = time.monotonic() - start[0]
                     result["server_cpu"] = (cpu_seconds(pid) - start[1]) / wall
                     result["cpu_per_reply"] = (cpu_seconds(pid) - start[1]) / result["replies"]
@@ -185,7 +187,9 @@ def main(argv: list[str] | None = None) -> bool:
     )
     sink = otlp_sink() if args.exporter == "otlp" else nullcontext((None, None))
     with sink as (endpoint, sink_pid):
-        results = measure(args, sink_pid, telemetry_env(args.exporter, endpoint))
+        env = telemetry_env(args.exporter, endpoint)
+        env["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # export within the window's drain
+        results = measure(args, sink_pid, env)
     return summarize(results)
 
 
