@@ -204,9 +204,9 @@ def load(*args: object, timeout: float) -> dict[str, Any]:
 
 def turn_order(names: list[str], index: int) -> list[str]:
     """The servers' order in round ``index``: over ``2 * len(names)`` rounds every server takes
-    every place, and follows every other one, equally often. A server loaded after another
-    shares its core with what that one still does (its span processor's last export, its
-    metric reader); a server always in the middle would always pay for it."""
+    every place equally often. A server loaded right after another shares its core with what
+    that one still does (its span processor's last export, its metric reader); with the order
+    only reversed each round, the middle server always paid for it and the others half the time."""
     shift = index % len(names)
     order = names[shift:] + names[:shift]
     return order[::-1] if (index // len(names)) % 2 else order
