@@ -70,19 +70,40 @@ export OTEL_BSP_SCHEDULE_DELAY=500          # the span processor's schedule dela
 export OTEL_METRIC_EXPORT_INTERVAL=1000     # and the metric export interval: the lane's export interval
 export NG_OTEL_STALL_SECONDS=6             # policy_drops, which never answers, is stalled after 6 s
 
-set -m  # its own process group, with SIGINT live: how a terminal's Ctrl-C reaches every Gym process
-opentelemetry-instrument -- gym env start \
-  --resources-server simpleqa --model-type openai_model --config "$here/judge_model.yaml" \
-  --model-url "http://127.0.0.1:$FAKE_PORT/v1" --model-api-key dummy --model fake-policy \
-  "+head_server.port=$HEAD_PORT" +skip_venv_if_present=true "+uv_venv_dir=$OUT/venvs" \
-  +server_spinup_timeout_seconds=200 +model_endpoint_readiness_timeout_seconds=30 \
-  > "$OUT/env_start.log" 2>&1 &
-GYM=$!
-set +m
-for _ in $(seq 400); do
-  curl -sf "http://127.0.0.1:$HEAD_PORT/readyz" > /dev/null 2>&1 && break
-  kill -0 "$GYM" 2> /dev/null || fail "gym env start exited: $(tail -30 "$OUT/env_start.log")"
-  sleep 0.5
+start_gym() {
+  set -m  # its own process group, with SIGINT live: how a terminal's Ctrl-C reaches every Gym process
+  opentelemetry-instrument -- gym env start \
+    --resources-server simpleqa --model-type openai_model --config "$here/judge_model.yaml" \
+    --model-url "http://127.0.0.1:$FAKE_PORT/v1" --model-api-key dummy --model fake-policy \
+    "+head_server.port=$HEAD_PORT" +skip_venv_if_present=true "+uv_venv_dir=$OUT/venvs" \
+    +server_spinup_timeout_seconds=200 +model_endpoint_readiness_timeout_seconds=30 \
+    > "$OUT/env_start.log" 2>&1 &
+  GYM=$!
+  set +m
+}
+
+# The head server's port is free when it is chosen, and Gym starts Ray before the head server
+# binds it: Ray's GCS once took that very port (kernel-chosen), the head server failed to bind,
+# and `gym env start` went on waiting for it. Then the deployment starts again on another port.
+head_port_lost() { grep -q "error while attempting to bind on address ('127.0.0.1', $HEAD_PORT)" "$OUT/env_start.log"; }
+for attempt in 1 2 3; do
+  start_gym
+  for _ in $(seq 400); do
+    # bounded: whatever holds the port may never answer
+    curl -sf --max-time 2 "http://127.0.0.1:$HEAD_PORT/readyz" > /dev/null 2>&1 && break
+    kill -0 "$GYM" 2> /dev/null || fail "gym env start exited: $(tail -30 "$OUT/env_start.log")"
+    head_port_lost && break
+    sleep 0.5
+  done
+  head_port_lost || break
+  [ "$attempt" -lt 3 ] || fail "the head server's port was taken three times: $(tail -30 "$OUT/env_start.log")"
+  phase "attempt $attempt: the head server's port $HEAD_PORT was taken before it bound it; starting again"
+  kill -INT -- "-$GYM" 2> /dev/null
+  for _ in $(seq 60); do kill -0 "$GYM" 2> /dev/null || break; sleep 0.5; done
+  kill -KILL -- "-$GYM" 2> /dev/null
+  ray stop --force > /dev/null 2>&1  # Ray's own processes, in this PID namespace only
+  mv "$OUT/env_start.log" "$OUT/env_start.$attempt.log"
+  HEAD_PORT=$(free_port)
 done
 curl -sf "http://127.0.0.1:$HEAD_PORT/readyz" > /dev/null || fail "gym env start never ready: $(tail -30 "$OUT/env_start.log")"
 ps -eo pid,ppid,args --forest > "$OUT/processes.txt"
