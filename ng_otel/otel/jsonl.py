@@ -3,12 +3,10 @@
 Where no OpenTelemetry SDK records (no SDK tracer provider is installed, or
 ``OTEL_SDK_DISABLED=true``), or ``NG_OTEL_EXPORT=jsonl`` asks for them always, every failure
 event, retry outcome and rollout outcome is one JSON object on one line, on stderr or the file
-``NG_OTEL_JSONL_FILE`` names (docs/conventions.md, "JSON lines"):
+``NG_OTEL_JSONL_FILE`` names. docs/conventions.md, "JSON lines", lists every key: the record
+it holds (``names.LINE_RECORD``), the time, the trace and span ids, and the record's fields.
 
-    {"ng.record": "ng.failure", "time_unix_nano": ..., "trace_id": ..., "span_id": ...,
-     "ng.failure.id": ..., "ng.failure.boundary": ..., "ng.failure.kind": ..., ...}
-
-The fields are the span event's attributes, written by the one record -> attributes codec
+A failure's fields are the span event's attributes, written by the one record -> attributes codec
 (``ng_otel.otel.attributes.event_attributes``) and named by ``ng_otel.otel.names``; the
 reason and foreign message are bounded as on the event (2000 characters). Trace and span ids
 are written when the event has a valid span context. A line is written whole, under a lock,
