@@ -37,18 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _load import body
 from _procs import CLIENT_CPUS, cpu_seconds, event_loop_cpu_ns, load_generator, otlp_sink, servers, turn_order
-from throughput import telemetry_env
+from throughput import DRAIN, EXPORT_WITHIN_DRAIN, telemetry_env
 
 CONCURRENCY = 256
 WARMUP = 0.5
-DRAIN = 0.4  # seconds after a window for the span processor to export what it queued (delay 100 ms)
 VARIANTS = {"plain": "A", "ng_otel": "B", "minimum": "minimum"}
 
 
 def env(endpoint: str) -> dict[str, str]:
     return {
         **telemetry_env("otlp", endpoint),
-        "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within the window's drain
+        **EXPORT_WITHIN_DRAIN,
         "OTEL_BSP_MAX_QUEUE_SIZE": "65536",  # nothing dropped: every span's export is paid for
     }
 

@@ -37,7 +37,8 @@ from _procs import cpu_seconds, load_generator, otlp_sink, servers, turn_order
 
 CONCURRENCIES = (256, 1024)
 WARMUP = 0.5  # seconds of load before each measured window, at concurrency 256
-DRAIN = 0.4  # seconds after a window for the span processor to export what it queued (delay 100 ms)
+DRAIN = 0.4  # seconds after a window for the span processor to export what it queued
+EXPORT_WITHIN_DRAIN = {"OTEL_BSP_SCHEDULE_DELAY": "100"}  # so a window pays for its own export
 
 
 # Every request holds a second one (its model call) on the same server, so requests move in
@@ -187,9 +188,7 @@ def main(argv: list[str] | None = None) -> bool:
     )
     sink = otlp_sink() if args.exporter == "otlp" else nullcontext((None, None))
     with sink as (endpoint, sink_pid):
-        env = telemetry_env(args.exporter, endpoint)
-        env["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # export within the window's drain
-        results = measure(args, sink_pid, env)
+        results = measure(args, sink_pid, {**telemetry_env(args.exporter, endpoint), **EXPORT_WITHIN_DRAIN})
     return summarize(results)
 
 
