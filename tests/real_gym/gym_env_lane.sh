@@ -91,8 +91,8 @@ for attempt in 1 2 3; do
   for _ in $(seq 400); do
     # bounded: whatever holds the port may never answer
     curl -sf --max-time 2 "http://127.0.0.1:$HEAD_PORT/readyz" > /dev/null 2>&1 && break
-    kill -0 "$GYM" 2> /dev/null || fail "gym env start exited: $(tail -30 "$OUT/env_start.log")"
     head_port_lost && break
+    kill -0 "$GYM" 2> /dev/null || fail "gym env start exited: $(tail -30 "$OUT/env_start.log")"
     sleep 0.5
   done
   head_port_lost || break
