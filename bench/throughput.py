@@ -8,7 +8,9 @@ to the model's span.
 
 A load generator in its own process (aiohttp, keep-alive) drives one server at a time at
 concurrency 256 and 1,024; A, B and off alternate over several rounds, and every figure is a
-ratio of neighbours in one round (median, and the range over rounds in brackets). Requests/s
+ratio of neighbours in one round (median, and the range over rounds in brackets). The rounds
+are spread over fresh sets of server processes (``--launches``), since two processes of the
+same code differ by several per cent here (``failing_path.py`` says why). Requests/s
 is each worker's requests over the time they took, summed (``_load.rate``): replies come in
 waves, and a count of replies in a fixed window moves by a whole wave.
 
@@ -17,7 +19,7 @@ indistinguishable from plain (the range of off/A over rounds includes 1.00, or t
 within 1 %). Every failing reply of B carries X-NG-Failure-Report.
 Exporters: OTLP/HTTP to ng_otel's receiver in its own process on 127.0.0.1 (a sink: it keeps
 nothing), the same for every server; ``--exporter none`` sets OTEL_*_EXPORTER=none instead.
-Run: .venv/bin/python bench/throughput.py [--rounds 10] [--seconds 2.5] [--exporter otlp|none]
+Run: .venv/bin/python bench/throughput.py [--launches 2] [--rounds 5] [--seconds 2.5] [--exporter otlp|none]
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _procs import cpu_seconds, load_generator, otlp_sink, servers, turn_order
+from _procs import LoadGenerator, Server, cpu_seconds, load_generator, otlp_sink, servers, turn_order
 
 CONCURRENCIES = (256, 1024)
 WARMUP = 0.5  # seconds of load before each measured window, at concurrency 256
@@ -79,40 +81,52 @@ def span(values: list[float]) -> str:
 
 def measure(args: argparse.Namespace, sink_pid: int | None, env: dict[str, str]) -> dict[int, list[dict[str, Any]]]:
     """Per concurrency, one dict per round: variant -> the load generator's result."""
-    results: dict[int, list[dict[str, Any]]] = {}
-    with servers(server_specs(env)) as running, load_generator() as generator:
-        names = list(running)
-        for concurrency in CONCURRENCIES:
-            results[concurrency] = []
-            for index in range(args.rounds + 1):  # round 0 warms every server up, unrecorded
-                order = turn_order(names, index)
-                round_: dict[str, Any] = {}
-                for name in order:
-                    pid = running[name].pid
-                    gc_before = running[name].gc_seconds()
-                    start = time.monotonic(), cpu_seconds(pid), cpu_seconds(sink_pid) if sink_pid else 0.0
-                    seconds, warmup = scaled(args.seconds, concurrency), scaled(WARMUP, concurrency)
-                    result = generator.window(running[name].port, concurrency, MAX_REQUESTS, seconds, warmup)
-                    time.sleep(DRAIN)  # its span processor's last export billed to this window, not the next server's
-                    wall = time.monotonic() - start[0]
-                    result["server_cpu"] = (cpu_seconds(pid) - start[1]) / wall
-                    result["cpu_per_reply"] = (cpu_seconds(pid) - start[1]) / result["replies"]
-                    result["gc_per_reply"] = (running[name].gc_seconds() - gc_before) / result["replies"]
-                    result["sink_cpu"] = (cpu_seconds(sink_pid) - start[2]) / wall if sink_pid else 0.0
-                    round_[name] = result
-                if index == 0:
-                    continue
-                results[concurrency].append(round_)
-                print(
-                    f"  c={concurrency} round {index}: "
-                    + ", ".join(
-                        f"{name} {round_[name]['rps']:,.0f} req/s p99 {round_[name]['p99'] * 1e3:.0f} ms "
-                        f"{round_[name]['cpu_per_reply'] * 1e6:.0f} us CPU/reply"
-                        for name in names
-                    ),
-                    flush=True,
-                )
+    results: dict[int, list[dict[str, Any]]] = {concurrency: [] for concurrency in CONCURRENCIES}
+    for _ in range(args.launches):
+        with servers(server_specs(env)) as running, load_generator() as generator:
+            measure_launch(args, sink_pid, running, generator, results)
     return results
+
+
+def measure_launch(
+    args: argparse.Namespace,
+    sink_pid: int | None,
+    running: dict[str, Server],
+    generator: LoadGenerator,
+    results: dict[int, list[dict[str, Any]]],
+) -> None:
+    """One launch's rounds at each concurrency, appended to ``results``."""
+    names = list(running)
+    for concurrency in CONCURRENCIES:
+        first = len(results[concurrency]) + 1  # rounds are numbered on across launches, and set the order
+        for index in range(first - 1, first + args.rounds):  # the first warms every server up, unrecorded
+            order = turn_order(names, index)
+            round_: dict[str, Any] = {}
+            for name in order:
+                pid = running[name].pid
+                gc_before = running[name].gc_seconds()
+                start = time.monotonic(), cpu_seconds(pid), cpu_seconds(sink_pid) if sink_pid else 0.0
+                seconds, warmup = scaled(args.seconds, concurrency), scaled(WARMUP, concurrency)
+                result = generator.window(running[name].port, concurrency, MAX_REQUESTS, seconds, warmup)
+                time.sleep(DRAIN)  # its span processor's last export billed to this window, not the next server's
+                wall = time.monotonic() - start[0]
+                result["server_cpu"] = (cpu_seconds(pid) - start[1]) / wall
+                result["cpu_per_reply"] = (cpu_seconds(pid) - start[1]) / result["replies"]
+                result["gc_per_reply"] = (running[name].gc_seconds() - gc_before) / result["replies"]
+                result["sink_cpu"] = (cpu_seconds(sink_pid) - start[2]) / wall if sink_pid else 0.0
+                round_[name] = result
+            if index < first:
+                continue
+            results[concurrency].append(round_)
+            print(
+                f"  c={concurrency} round {index}: "
+                + ", ".join(
+                    f"{name} {round_[name]['rps']:,.0f} req/s p99 {round_[name]['p99'] * 1e3:.0f} ms "
+                    f"{round_[name]['cpu_per_reply'] * 1e6:.0f} us CPU/reply"
+                    for name in names
+                ),
+                flush=True,
+            )
 
 
 def ratios(rounds: list[dict[str, Any]], ours: str, key: str) -> list[float]:
@@ -177,13 +191,14 @@ def summarize(results: dict[int, list[dict[str, Any]]]) -> bool:
 
 def main(argv: list[str] | None = None) -> bool:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--launches", type=int, default=2, help="fresh sets of server processes, one after another")
+    parser.add_argument("--rounds", type=int, default=5, help="per launch and concurrency")
     parser.add_argument("--seconds", type=float, default=2.5, help="measured seconds per window at 256 (x4 at 1,024)")
     parser.add_argument("--exporter", choices=("otlp", "none"), default="otlp")
     args = parser.parse_args(argv)
     print(
         f"throughput: uvicorn --loop uvloop --http httptools, ~2 KB JSON, 5 % failing with a 3-event chain; "
-        f"{args.rounds} rounds of {args.seconds:g} s per variant, exporter {args.exporter}",
+        f"{args.launches} launches of {args.rounds} rounds of {args.seconds:g} s per variant, exporter {args.exporter}",
         flush=True,
     )
     sink = otlp_sink() if args.exporter == "otlp" else nullcontext((None, None))
