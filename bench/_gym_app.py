@@ -4,7 +4,9 @@ contrib FastAPI instrumentation) and metrics, exporting OTLP as the ``OTEL_*`` v
 
 Variants (argv[2]): ``plain`` (A), ``ng_otel`` (B: ``ng_otel.enable()``, Gym's rules for an
 agent server, then ``instrument_app``), ``off`` (B's code with ``NG_OTEL_ENABLED=0`` set by the
-caller) and ``minimum`` (A with the hand-written minimum of the failing path, ``_gym_minimum``).
+caller; its client injects the trace context as A's does, since ng_otel's hook switched off
+injects nothing, and without it ``off`` did less than A) and ``minimum`` (A with the
+hand-written minimum of the failing path, ``_gym_minimum``).
 The telemetry pipeline is the app's own and identical in all; ``enable()`` finds it installed
 and records through it.
 
@@ -140,10 +142,14 @@ class ModelClient:
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            if self.variant in ("ng_otel", "off"):
+            if self.variant == "ng_otel":
                 from ng_otel.integrations.aiohttp import failure_trace_config
 
                 configs = [failure_trace_config()]
+            elif self.variant == "off":  # switched off, ng_otel's hook injects nothing: the app's own does, as in A
+                from ng_otel.integrations.aiohttp import failure_trace_config
+
+                configs = [injecting_trace_config(), failure_trace_config()]
             else:
                 configs = [injecting_trace_config()]
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=600)
