@@ -38,8 +38,8 @@ CLIENT_CPUS, SERVER_CPUS = ({CPUS[0]}, {CPUS[-1]}) if len(CPUS) > 1 else (set(CP
 
 
 # Each measurement runs in fresh sets of server processes, its samples pooled: two processes of
-# the same code differ by up to 10 % in p50 here (switched off against plain read 1.104 in one
-# process each), their address layout and hash seed their own.
+# the same code differ here per launch (two plain servers read 0.95-1.26 of each other in four
+# launches), each with its own address layout and hash seed.
 LAUNCHES = 3
 
 
