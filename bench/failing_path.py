@@ -20,8 +20,8 @@ p50 of the CPU time the server's event loop spent on it (``/proc/<pid>/task/<pid
 
 All of it runs in several launches, each a fresh set of processes (``--launches``), and the
 figures are taken over all of them, as pyperf spreads a benchmark over worker processes: two
-processes of the same code differ by up to 5 % in p50 here, as each gets its own address
-layout and hash seed, and that difference is the process's, not the code's.
+processes of the same code differ by up to 5 % in p50 here (the same hash seed in all of
+them does not narrow it), and that difference is the process's, not the code's.
 
 Targets: failing-request CPU B / minimum <= 1.10; failing-request p50 B / minimum <= 1.05.
 Run: .venv/bin/python bench/failing_path.py [--launches 3] [--rounds 3] [--seconds 2] [--requests 600]

@@ -39,7 +39,7 @@ CLIENT_CPUS, SERVER_CPUS = ({CPUS[0]}, {CPUS[-1]}) if len(CPUS) > 1 else (set(CP
 
 # Each measurement runs in fresh sets of server processes, its samples pooled: two processes of
 # the same code differ here per launch (two plain servers read 0.95-1.26 of each other in four
-# launches), each with its own address layout and hash seed.
+# launches; the same hash seed in all of them did not narrow it).
 LAUNCHES = 3
 
 
