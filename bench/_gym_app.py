@@ -142,16 +142,12 @@ class ModelClient:
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            if self.variant == "ng_otel":
+            # ng_otel's hook carries the context in B; switched off it injects nothing, so the app's own does, as in A
+            configs = [] if self.variant == "ng_otel" else [injecting_trace_config()]
+            if self.variant in ("ng_otel", "off"):
                 from ng_otel.integrations.aiohttp import failure_trace_config
 
-                configs = [failure_trace_config()]
-            elif self.variant == "off":  # switched off, ng_otel's hook injects nothing: the app's own does, as in A
-                from ng_otel.integrations.aiohttp import failure_trace_config
-
-                configs = [injecting_trace_config(), failure_trace_config()]
-            else:
-                configs = [injecting_trace_config()]
+                configs.append(failure_trace_config())
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=600)
             self._session = aiohttp.ClientSession(connector=connector, trace_configs=configs)
         return self._session

@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _measure import report  # noqa: E402
+from _procs import turn_order  # noqa: E402
 
 # Both servers share one core and the client has the other: requests are sequential, so the
 # servers never compete, and no process migrates between cores mid-measurement.
@@ -108,12 +109,7 @@ def timed_in_turn(path: str, ports: dict[str, int], requests: int, samples: Samp
     clients = {name: KeepAliveClient(port) for name, port in ports.items()}
     names = list(ports)
     for index in range(requests + 200):
-        # Every server takes every place in the order equally often, in both directions.
-        shift = index % len(names)
-        order = names[shift:] + names[:shift]
-        if (index // len(names)) % 2:
-            order.reverse()
-        for name in order:
+        for name in turn_order(names, index):  # every server takes every place equally often
             start = time.perf_counter()
             clients[name].get(path)
             elapsed = time.perf_counter() - start
