@@ -1,13 +1,13 @@
 """Throughput and tail latency where NeMo Gym runs: uvicorn on uvloop and httptools, many
 requests in flight, the same FastAPI app (OpenTelemetry tracing and metrics) plain (A), with
-ng_otel (B), and with ng_otel switched off (``NG_OTEL_ENABLED=0``), each server in its own
-process; ~2 KB JSON in and out, each request calling the app's model over aiohttp with the
+ng_otel (B), with ng_otel switched off (``NG_OTEL_ENABLED=0``) and with the hand-written
+minimum of the failing path (``_gym_minimum.py``), each server in its own process; ~2 KB JSON in and out, each request calling the app's model over aiohttp with the
 trace context (``_gym_app.py``), 5 % of requests failing the stock-Gym way: a retried attempt
 that found the model unreachable, the model's failure, and a three-event cause chain linked
 to the model's span.
 
 A load generator in its own process (aiohttp, keep-alive) drives one server at a time at
-concurrency 256 and 1,024; A, B and off alternate over several rounds, and every figure is a
+concurrency 256 and 1,024; the servers alternate over several rounds, and every figure is a
 ratio of neighbours in one round (median, and the range over rounds in brackets). The rounds
 are spread over fresh sets of server processes (``--launches``), since two processes of the
 same code differ by several per cent here (``failing_path.py`` says why). Requests/s
@@ -16,7 +16,8 @@ waves, and a count of replies in a fixed window moves by a whole wave.
 
 Targets: requests/s B/A >= 0.97 at both concurrencies; p99 B/A <= 1.05; switched off,
 indistinguishable from plain (the range of off/A over rounds includes 1.00, or the median is
-within 1 %). Every failing reply of B carries X-NG-Failure-Report.
+within 1 %). Every failing reply of B carries X-NG-Failure-Report. The minimum's requests/s
+and CPU per reply over A's are printed for scale: the floor the target leaves B room above.
 Exporters: OTLP/HTTP to ng_otel's receiver in its own process on 127.0.0.1 (a sink: it keeps
 nothing), the same for every server; ``--exporter none`` sets OTEL_*_EXPORTER=none instead.
 Run: .venv/bin/python bench/throughput.py [--launches 2] [--rounds 5] [--seconds 2.5] [--exporter otlp|none]
@@ -72,6 +73,7 @@ def server_specs(env: dict[str, str]) -> dict[str, tuple[str, dict[str, str]]]:
         "plain": ("plain", env),
         "ng_otel": ("ng_otel", env),
         "off": ("off", {**env, "NG_OTEL_ENABLED": "0"}),
+        "minimum": ("minimum", env),
     }
 
 
@@ -166,6 +168,12 @@ def summarize(results: dict[int, list[dict[str, Any]]]) -> bool:
             print(f"  c={concurrency} {title}: {median:.3f} {span(values)} {verdict}")
         shares = f"plain {gc_share['plain']:.1%}, ng_otel {gc_share['ng_otel']:.1%}"
         print(f"  the garbage collector's share of server CPU: {shares}")
+        for title, key in (("requests/s", "rps"), ("server CPU per reply", "cpu_per_reply")):
+            values = ratios(rounds, "minimum", key)
+            print(
+                f"  c={concurrency} {title} minimum/A: {statistics.median(values):.3f} {span(values)} "
+                "(for scale: the hand-written minimum of the failing path, no target of its own)"
+            )
         for key in ("rps", "p50", "p99", "cpu_per_reply"):
             values = ratios(rounds, "off", key)
             median = statistics.median(values)
