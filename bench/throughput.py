@@ -1,10 +1,11 @@
 """Throughput and tail latency where NeMo Gym runs: uvicorn on uvloop and httptools, many
 requests in flight, the same FastAPI app (OpenTelemetry tracing and metrics) plain (A), with
 ng_otel (B), with ng_otel switched off (``NG_OTEL_ENABLED=0``) and with the hand-written
-minimum of the failing path (``_gym_minimum.py``), each server in its own process; ~2 KB JSON in and out, each request calling the app's model over aiohttp with the
-trace context (``_gym_app.py``), 5 % of requests failing the stock-Gym way: a retried attempt
-that found the model unreachable, the model's failure, and a three-event cause chain linked
-to the model's span.
+minimum of the failing path (``_gym_minimum.py``), each server in its own process; ~2 KB JSON
+in and out, each request calling the app's model over aiohttp with the trace context
+(``_gym_app.py``), 5 % of requests failing the stock-Gym way: a retried attempt that found the
+model unreachable, the model's failure, and a three-event cause chain linked to the model's
+span.
 
 A load generator in its own process (aiohttp, keep-alive) drives one server at a time at
 concurrency 256 and 1,024; the servers alternate over several rounds, and every figure is a
