@@ -66,6 +66,7 @@ class Installed:
 # asking first) and writes what it did; whoever takes it after reads that. A step cut short (the
 # session ending first) leaves nothing written, and the next to ask does it again from the start.
 
+BUILD_LOG = "build.log"  # beside the dist: what its build printed
 _STEPS = ("dist", "installed", "plain")  # in this order: each install needs the dist
 _STEPS_OF = {"ng_otel_dist": {"dist"}, "installed": {"dist", "installed"}, "plain_wheel_venv": {"dist", "plain"}}
 _STOP = threading.Event()  # set as the session ends: the thread gives up its step
@@ -141,7 +142,10 @@ def _build(folder: Path) -> dict:
     for left in (source.parent, out):
         shutil.rmtree(left, ignore_errors=True)
     shutil.copytree(ROOT, source, ignore=_NOT_SOURCE)
-    return {**_run([sys.executable, "-m", "build", "--outdir", str(out), str(source)], 600), "path": str(out)}
+    built = _run([sys.executable, "-m", "build", "--outdir", str(out), str(source)], 600)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / BUILD_LOG).write_text(built["stdout"] + built["stderr"])  # what a user's build prints
+    return {**built, "path": str(out)}
 
 
 def _wheel(folder: Path) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import ng_otel
+from tests.conftest import BUILD_LOG
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -42,6 +43,16 @@ def test_wheel_and_sdist_carry_the_package_typed_and_nothing_else(dist):
     (sdist,) = dist.glob("*.tar.gz")
     members = tarfile.open(sdist).getnames()
     assert any(m.endswith("ng_otel/py.typed") for m in members)
+
+
+def test_the_build_prints_no_deprecation_and_the_wheel_carries_its_spdx_license(dist):
+    log = (dist / BUILD_LOG).read_text()
+    assert not re.search(r"deprecat", log, re.I), [line for line in log.splitlines() if "eprecat" in line]
+    (wheel,) = dist.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in archive.namelist())
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()
 
 
 def test_the_plain_wheel_installs_imports_and_runs_the_command_in_a_clean_environment(dist, plain_wheel_venv, tmp_path):
