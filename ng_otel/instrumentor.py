@@ -26,10 +26,13 @@ class NgOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ()  # each framework is patched only when it is installed
 
     def _instrument(self, **kwargs: Any) -> None:
-        if deployment.enable_for_process() is None:
+        recorder = deployment.enable_for_process()
+        if recorder is None:
             return
         for framework in FRAMEWORKS:
             patch_framework(framework)
+        if not recorder.settings.send_receive_spans:
+            leave_out_send_receive_spans()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         deployment.uninstall()
@@ -46,6 +49,13 @@ def patch_framework(framework: Framework) -> None:
     except ImportError:  # the framework is not installed: the adapter imports it first
         return
     adapter.patch_framework(patch)
+
+
+@guarded
+def leave_out_send_receive_spans() -> None:
+    from ng_otel.integrations.asgi import leave_out_send_receive_spans
+
+    leave_out_send_receive_spans(patch)
 
 
 def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:

@@ -417,6 +417,35 @@ def patch_framework(patch: Patch) -> None:
         patch(cls, "build_middleware_stack", make)
 
 
+SEND_RECEIVE_SPANS: Final = ("receive", "send")
+
+
+def leave_out_send_receive_spans(patch: Patch) -> None:
+    """OpenTelemetry's ASGI middleware, built without ``exclude_spans``, leaves out its
+    internal ``http send`` and ``http receive`` spans (an app that passes ``exclude_spans``
+    keeps its choice). Under ``opentelemetry-instrument`` nothing else can: FastAPI's
+    instrumentation reads no variable for it."""
+    try:
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+    except ImportError:
+        return
+    signature = inspect.signature(OpenTelemetryMiddleware.__init__)
+    if "exclude_spans" not in signature.parameters:
+        return  # an instrumentation too old to have them apart
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            bound = signature.bind_partial(self, *args, **kwargs)
+            if bound.arguments.get("exclude_spans") is None:
+                bound.arguments["exclude_spans"] = list(SEND_RECEIVE_SPANS)
+            original(*bound.args, **bound.kwargs)
+
+        return __init__
+
+    patch(OpenTelemetryMiddleware, "__init__", make)
+
+
 def _stack_builders(base: type) -> list[type]:
     """``base`` and every subclass loaded now that defines its own ``build_middleware_stack``.
 

@@ -178,6 +178,17 @@ PARAMS: Final = (
         "marks them, so the processes they start are left out too)",
     ),
     Param(
+        "send_receive_spans",
+        "NG_OTEL_SEND_RECEIVE_SPANS",
+        parse_bool,
+        False,
+        "0",
+        "`1`: under `opentelemetry-instrument`, OpenTelemetry's ASGI middleware (FastAPI's, Starlette's) also "
+        "records its internal `http send` and `http receive` spans; off, as Logfire does, an app that does not "
+        "pass `exclude_spans` itself gets none (they were 4 of every 5 spans a Gym rollout exported, and most of "
+        "what tracing cost it: docs/performance.md)",
+    ),
+    Param(
         "stall_seconds",
         "NG_OTEL_STALL_SECONDS",
         parse_positive_seconds,
@@ -225,6 +236,7 @@ class Settings:
     link_index_size: int = 10_000
     sigterm_flush: bool = True
     ray_processes: bool = False
+    send_receive_spans: bool = False
     stall_seconds: float = 600.0
     max_agents: int = 64
     export: str = "auto"
