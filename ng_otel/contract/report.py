@@ -10,7 +10,7 @@ The reader is tolerant: keys it does not know, at the top or inside an event, ar
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Final, cast
 
@@ -87,7 +87,10 @@ class FailureReport:
     ) -> FailureReport:
         """Build from records this package produced or already validated."""
         report = cls.__new__(cls)
-        report._set(events, failure_id, omitted)
+        # The slots' own setters, cheaper than object.__setattr__: summary builds one a row
+        _set_events(report, MappingProxyType(events) if events else _EMPTY)
+        _set_failure_id(report, failure_id)
+        _set_omitted(report, omitted)
         return report
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -204,6 +207,17 @@ class FailureReport:
             return _NONE_RECOVERED  # the usual report, one chain: its events are distinct, so all of them
         on_chain = {record["event_id"] for record in chain}
         return frozenset(event_id for event_id in self.events if event_id not in on_chain)
+
+
+def _slot_setter(name: str) -> Callable[[FailureReport, Any], None]:
+    """The ``__set__`` of a ``FailureReport`` slot's member descriptor."""
+    setter: Callable[[FailureReport, Any], None] = vars(FailureReport)[name].__set__
+    return setter
+
+
+_set_events: Final = _slot_setter("events")
+_set_failure_id: Final = _slot_setter("failure_id")
+_set_omitted: Final = _slot_setter("omitted")
 
 
 _NONE_RECOVERED: frozenset[str] = frozenset()

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
+from io import BytesIO
 from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
@@ -56,11 +57,13 @@ def read_json_lines(stream: ByteStream, *, max_line_bytes: int = MAX_ROW_BYTES) 
         chunk = stream.read(chunk_size)
         if not chunk:
             break
-        lines = chunk.split(b"\n")
-        tail = lines.pop()
+        # Each line with its newline (BytesIO finds them with memchr: ~4x bytes.split's speed);
+        # the last one has none unless the chunk ends a line.
+        lines = BytesIO(chunk).readlines()
+        tail = b"" if lines[-1].endswith(b"\n") else lines.pop()
         if lines:  # the first line ends here; it may have begun in earlier chunks
             number += 1
-            first = lines[0]
+            first = lines[0][:-1]
             if overlong or held + len(first) > max_line_bytes:
                 overlong, parts, held = False, [], 0
                 yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
@@ -71,14 +74,17 @@ def read_json_lines(stream: ByteStream, *, max_line_bytes: int = MAX_ROW_BYTES) 
                 if decoded is not None:
                     yield number, decoded
         after_first = number + 1
+        with_newline = max_line_bytes + 1
         for number, raw in enumerate(lines[1:], start=after_first):  # the hot loop: whole lines
-            if len(raw) > max_line_bytes:
+            if len(raw) > with_newline:
                 yield number, SkippedLine(number, f"longer than {max_line_bytes} bytes")
                 continue
             try:
                 value = loads(raw)
-            except JSONDecodeError as error:
-                value = _refused_by_orjson(number, raw, error, ended=True)
+            except JSONDecodeError:
+                # Read again without the newline: orjson's reason may differ with it ("control
+                # character" for a string it cuts off, not "EOF").
+                value = _decoded(number, raw[:-1], ended=True)
                 if value is not None:
                     yield number, value
             else:
@@ -175,8 +181,12 @@ def is_record_line(value: Any) -> bool:
     return isinstance(value, dict) and names.LINE_RECORD in value
 
 
+_TELEMETRY_KEYS: Final = frozenset({"resourceSpans", "resourceMetrics", "resourceLogs", names.LINE_RECORD})
+"""The keys of which any one makes an object telemetry: ``is_otlp``'s three and ``is_record_line``'s."""
+
+
 def _is_telemetry(value: Any) -> bool:
-    return is_otlp(value) or is_record_line(value)
+    return isinstance(value, dict) and not _TELEMETRY_KEYS.isdisjoint(value)
 
 
 class FileFormat:
@@ -258,7 +268,12 @@ def formatted_lines(lines: Iterable[tuple[int, Any]]) -> Iterator[FormattedLine 
     first object decides), and a ``SkippedLine`` for every other line."""
     file_format = FileFormat()
     misfit = file_format.misfit
+    telemetry_keys = _TELEMETRY_KEYS
     for number, value in lines:
+        # The usual line, a row in a file of rows, belongs without the calls misfit makes.
+        if type(value) is dict and file_format.otlp is False and telemetry_keys.isdisjoint(value):
+            yield number, value, False
+            continue
         if isinstance(value, SkippedLine):
             yield value
             continue

@@ -23,6 +23,8 @@ from typing import Any, Final, TypeVar
 from ng_otel.contract.classify import classify_failure
 from ng_otel.contract.inner_errors import body_names_servers
 from ng_otel.contract.rows import (
+    ROW_FAILURE_CLASS,
+    ROW_FAILURE_TERMINAL,
     class_row_failure,
     class_row_reason,
     read_row_failures,
@@ -96,11 +98,15 @@ class _Bounded(Counter[Any]):
 _Key = TypeVar("_Key")
 
 
+_NONE_NAMED: Final[dict[str, str]] = {}
+
+
 def _held(table: dict[_Key, int], key: _Key) -> bool:
     """Count ``key`` in ``table`` when it is there or there is room; ``False`` when the table
     is full and the caller must fold the count into the figures at once."""
-    if key in table:
-        table[key] += 1
+    count = table.get(key)  # one lookup for the usual key, one held already
+    if count is not None:
+        table[key] = count + 1
     elif len(table) < MAX_DISTINCT:
         table[key] = 1
     else:
@@ -210,9 +216,12 @@ class Summary:
         try:
             # A 0.7.0 failure row whose body names no server is counted from its keys: its
             # derived event id is not needed. One that names servers is read as its chain.
-            failure = class_row_failure(value) if isinstance(value, dict) else None
-            if failure is not None and body_names_servers(value):
-                failure = None
+            if type(value) is dict and ROW_FAILURE_CLASS not in value:
+                failure = None  # the usual row: a Main report or no failure, no 0.7.0 class to read
+            else:
+                failure = class_row_failure(value) if isinstance(value, dict) else None
+                if failure is not None and body_names_servers(value):
+                    failure = None
             report, servers = read_row_failures(value) if failure is None else (None, None)
         except ValueError as error:
             self.skip(where, SkippedLine(number, str(error)))
@@ -231,38 +240,39 @@ class Summary:
         if report is None:
             return masked
         # _ng_failure_terminal makes the row's own failure DATA (another attempt would not help).
-        terminal_id = report.failure_id if row_terminal(value) else None
+        terminal_id = report.failure_id if ROW_FAILURE_TERMINAL in value and row_terminal(value) else None
         tallies = self._row_tallies
-        server_of = servers.get if servers else None
-        for event_id, record in report.events.items():
-            get = record.get
+        held = tallies.get
+        server_of = (servers or _NONE_NAMED).get  # a C call either way: no branch per event
+        events = report.events
+        for event_id, record in events.items():
             tally = (
                 record["failure_kind"],
                 record["boundary"],
-                get("stage"),
-                get("http_status"),
+                record.get("stage"),
+                record.get("http_status"),
                 event_id == terminal_id,
-                server_of(event_id, NO_SERVER) if server_of is not None else NO_SERVER,
+                server_of(event_id, NO_SERVER),
             )
-            if tally in tallies:
-                tallies[tally] += 1
+            count = held(tally)  # one lookup for a tally held already, the usual one
+            if count is not None:
+                tallies[tally] = count + 1
             else:
                 self._tally(tally)
         if report.failure_id is not None:
             self.failed_rows += 1
-            events = report.events
             chain: list[Hop] = []
             event_id = report.failure_id
-            while True:
+            while True:  # at most every event once: a report's causes form no cycle
                 record = events[event_id]
-                server = server_of(event_id, NO_SERVER) if server_of is not None else NO_SERVER
-                if len(chain) < MAX_CHAIN_HOPS:
-                    chain.append((record["failure_kind"], record["boundary"], server))
+                server = server_of(event_id, NO_SERVER)
+                chain.append((record["failure_kind"], record["boundary"], server))
                 cause = record.get("cause_id")
                 if cause is None:
                     break
                 event_id = cause
-            self._root(tuple(chain), (record["failure_kind"], server, record["failure_reason"][:MAX_ROOT_REASON]))
+            root = (record["failure_kind"], server, record["failure_reason"][:MAX_ROOT_REASON])
+            self._root(tuple(chain[:MAX_CHAIN_HOPS]), root)
         return masked
 
     def _tally(self, tally: RowTally) -> None:
