@@ -109,9 +109,25 @@ def build(variant: str) -> FastAPI:
     return app
 
 
+def pair() -> object:
+    """``plain`` under ``/plain`` and ``off`` (``NG_OTEL_ENABLED=0`` in the environment) under
+    ``/off``, in one process: the two apps then share the process's draw (its memory layout,
+    what it imported), and only their code differs. Both pay the same dispatch."""
+    apps = {"/plain": build("plain"), "/off": build("off")}
+
+    async def dispatch(scope: dict, receive: object, send: object) -> None:
+        if scope["type"] != "http":
+            await apps["/plain"](scope, receive, send)  # lifespan
+            return
+        prefix, _, rest = scope["path"][1:].partition("/")
+        await apps["/" + prefix]({**scope, "path": "/" + rest}, receive, send)
+
+    return dispatch
+
+
 if __name__ == "__main__":
     sock = socket.socket(fileno=int(sys.argv[1]))
-    app = build(sys.argv[2])
+    app = pair() if sys.argv[2] == "pair" else build(sys.argv[2])
     # uvicorn --loop uvloop --http httptools, as NeMo Gym serves (the bench extra installs both)
     config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level="error", access_log=False)
     try:
