@@ -42,13 +42,8 @@ def _run(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedPr
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
 
 
-def _real_gym(what: str) -> subprocess.CompletedProcess:
-    return _run(["bash", str(REPO / "tools" / "real-gym.sh"), what], GYM_VENV_TIMEOUT, cwd=REPO)
-
-
-def gym_install_line(wheel: str) -> list[str]:
-    """What docs/gym.md has a user install into Gym's venv, with ng_otel from ``wheel``."""
-    return [f"ng-otel[instrument,fastapi,aiohttp] @ {wheel}", "opentelemetry-exporter-otlp"]
+def _real_gym(*what: str) -> subprocess.CompletedProcess:
+    return _run(["bash", str(REPO / "tools" / "real-gym.sh"), *what], GYM_VENV_TIMEOUT, cwd=REPO)
 
 
 @pytest.fixture(scope="session")
@@ -78,19 +73,10 @@ def gym_venv(ng_otel_dist) -> Iterator[GymVenv]:
     _lock(lock, fcntl.LOCK_EX)
     try:
         (built_wheel,) = ng_otel_dist.glob("ng_otel-*.whl")  # built from a clean copy of the tree
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
-        deps = _run([*pip, "install", "--quiet", *gym_install_line(built_wheel.as_uri())], INSTALL_TIMEOUT)
-        if deps.returncode != 0:
-            pytest.fail(f"installing ng_otel's no-code dependencies into {venv} failed:\n{deps.stderr[-4000:]}")
-        # A cached venv an older lane set up may hold the distro: it would configure the SDK
-        # first and give every server of a `gym env start` the one OTEL_SERVICE_NAME.
-        _run([*pip, "uninstall", "--quiet", "--yes", "opentelemetry-distro"], INSTALL_TIMEOUT)
-        itself = _run([*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(built_wheel)], INSTALL_TIMEOUT)
-        if itself.returncode != 0:
-            pytest.fail(f"reinstalling ng_otel into {venv} failed:\n{itself.stderr[-4000:]}")
-        check = _run([*pip, "check"], 120)
-        if check.returncode != 0:
-            pytest.fail(f"pip check in {venv} after installing ng_otel:\n{check.stdout}{check.stderr}")
+        # docs/gym.md's install line, the distro taken out, this wheel reinstalled, pip check
+        done = _real_gym("install", str(built_wheel))
+        if done.returncode != 0:
+            pytest.fail(f"tools/real-gym.sh install {built_wheel} failed:\n{done.stderr[-4000:]}")
     finally:
         _lock(lock, fcntl.LOCK_SH)
     try:

@@ -2,6 +2,7 @@
 # Real NeMo Gym, cached outside the checkout, keyed by its version.
 #   tools/real-gym.sh wheel   unzipped wheel (its pydantic-only modules import without the rest of Gym)
 #   tools/real-gym.sh venv    a Python 3.13 venv with nemo-gym installed (~1.4 GB, ~3 minutes the first time)
+#   tools/real-gym.sh install WHEEL   that venv with ng_otel from WHEEL, as docs/gym.md installs it
 # Each prints the path it prepared. NG_OTEL_GYM_CACHE moves the cache (default ~/.cache/ng-otel).
 set -euo pipefail
 version=${NG_OTEL_GYM_VERSION:-0.7.0}
@@ -35,8 +36,21 @@ case "${1:-}" in
     fi
     echo "$dir"
     ;;
+  install)
+    wheel=${2:?usage: tools/real-gym.sh install WHEEL}
+    wheel=$(cd "$(dirname "$wheel")" && pwd)/$(basename "$wheel")
+    dir=$("$0" venv)
+    pip=("$dir/bin/python" -m pip --disable-pip-version-check)
+    # docs/gym.md's line: what the no-code path needs, in one resolver pass with the SDK Gym has.
+    "${pip[@]}" install --quiet "ng-otel[instrument,fastapi,aiohttp] @ file://$wheel" opentelemetry-exporter-otlp >&2
+    # An older lane's distro would configure the SDK first, one OTEL_SERVICE_NAME for every server.
+    "${pip[@]}" uninstall --quiet --yes opentelemetry-distro >&2 2>/dev/null || true
+    "${pip[@]}" install --quiet --force-reinstall --no-deps "$wheel" >&2  # this wheel, even at the same version
+    "${pip[@]}" check >&2
+    echo "$dir"
+    ;;
   *)
-    echo "usage: tools/real-gym.sh wheel|venv" >&2
+    echo "usage: tools/real-gym.sh wheel|venv|install WHEEL" >&2
     exit 2
     ;;
 esac
