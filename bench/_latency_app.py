@@ -109,15 +109,17 @@ def build(variant: str) -> FastAPI:
     return app
 
 
-def pair() -> object:
-    """``plain`` under ``/plain`` and ``off`` (``NG_OTEL_ENABLED=0`` in the environment) under
-    ``/off``, in one process: the two apps then share the process's draw (its memory layout,
-    what it imported), and only their code differs. Both pay the same dispatch."""
-    apps = {"/plain": build("plain"), "/off": build("off")}
+def together(variants: list[str]) -> object:
+    """Each variant's app under ``/<variant>``, in one process: the apps then share the
+    process's draw (its memory layout, what it imported), and only their code differs. Every
+    app pays the same dispatch. ``off`` needs ``NG_OTEL_ENABLED=0`` in the process's
+    environment, so it shares a process with ``plain`` only; ``ng_otel`` likewise."""
+    apps = {f"/{variant}": build(variant) for variant in variants}
+    lifespan = next(iter(apps.values()))
 
     async def dispatch(scope: dict, receive: object, send: object) -> None:
         if scope["type"] != "http":
-            await apps["/plain"](scope, receive, send)  # lifespan
+            await lifespan(scope, receive, send)
             return
         prefix, _, rest = scope["path"][1:].partition("/")
         await apps["/" + prefix]({**scope, "path": "/" + rest}, receive, send)
@@ -127,7 +129,8 @@ def pair() -> object:
 
 if __name__ == "__main__":
     sock = socket.socket(fileno=int(sys.argv[1]))
-    app = pair() if sys.argv[2] == "pair" else build(sys.argv[2])
+    kind, _, variants = sys.argv[2].partition(":")  # together:plain,off, or one variant
+    app = together(variants.split(",")) if kind == "together" else build(sys.argv[2])
     # uvicorn --loop uvloop --http httptools, as NeMo Gym serves (the bench extra installs both)
     config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level="error", access_log=False)
     try:

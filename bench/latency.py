@@ -1,11 +1,13 @@
 """p50 latency, one request at a time, of the same app (OpenTelemetry's FastAPI instrumentation,
 uvicorn on uvloop and httptools) plain, with ng_otel, with ng_otel switched off
 (``NG_OTEL_ENABLED=0``), and with the hand-written minimum of what the contract adds to a
-failing reply (``_latency_app.minimum_handler``); each server its own process, all called
-alternately from this one, but switched off and its plain twin, which share one process
-(``_latency_app.pair``): their code differs by a flag check, less than two processes of the
-same code differ here, so only one process says what the switch costs. Then the same app
-with ng_otel exporting to a live OTLP receiver vs to a dead endpoint.
+failing reply (``_latency_app.minimum_handler``), all called alternately from this one. The
+healthy and switched-off figures compare apps in one process (``_latency_app.together``:
+plain beside ng_otel, plain beside switched off): their code differs by less than two
+processes of the same code differ here, so only one process says what the code costs (the
+healthy ratio of two processes is printed for scale). The chain against the minimum, whose
+difference is larger, is two processes. Then the same app with ng_otel exporting to a live
+OTLP receiver vs to a dead endpoint.
 
 Each figure is taken as ``failing_path.py`` takes its own: over several launches, each a fresh
 set of server processes (two processes of the same code differ here by more than the targets),
@@ -50,7 +52,8 @@ CLIENT_CPUS, SERVER_CPUS = ({CPUS[0]}, {CPUS[-1]}) if len(CPUS) > 1 else (set(CP
 # launches; the same hash seed in all of them did not narrow it).
 LAUNCHES = 7
 
-HEALTHY, HEALTHY_TARGET = "p50 latency, no failure, ng_otel vs plain", 1.01
+HEALTHY, HEALTHY_TARGET = "p50 latency, no failure, ng_otel vs plain (one process)", 1.01
+HEALTHY_APART = "no failure, ng_otel vs plain, apart"
 CHAIN, CHAIN_TARGET = "p50 latency, reply with a 3-event chain, ng_otel vs the hand-written minimum", 1.10
 CHAIN_PLAIN, MINIMUM_PLAIN = "3-event chain, ng_otel vs plain", "3-event chain, minimum vs plain"
 OFF_HEALTHY, OFF_CHAIN, OFF_TARGET = (
@@ -182,34 +185,33 @@ def main(requests: int = 3500, launches: int = LAUNCHES) -> bool:
         "ng_otel": ("ng_otel", {}),
         "plain": ("plain", {}),
         "minimum": ("minimum", {}),
-        "pair": ("pair", {"NG_OTEL_ENABLED": "0"}),  # plain and switched off in one process
+        "with": ("together:plain,ng_otel", {}),  # plain and ng_otel in one process
+        "off": ("together:plain,off", {"NG_OTEL_ENABLED": "0"}),  # plain and switched off in one
     }
     ratios = Ratios()
+    each = requests // launches
     for _ in range(launches):
-        healthy: Samples = {}
+        apart_ok: Samples = {}
         chain: Samples = {}
-        off_healthy: Samples = {}
-        off_chain: Samples = {}
+        together: dict[str, Samples] = {}  # by process and path, e.g. "with ok"
         with running(variants) as ports:
             apart = {name: ports[name] for name in ("ng_otel", "plain", "minimum")}
-            timed_in_turn(
-                on({name: apart[name] for name in ("ng_otel", "plain")}, "/ok"), requests // launches, healthy
-            )
-            timed_in_turn(on(apart, "/chain"), requests // launches, chain)
-            pair = {"plain": (ports["pair"], "/plain"), "off": (ports["pair"], "/off")}
-            timed_in_turn(
-                {name: (port, f"{path}/ok") for name, (port, path) in pair.items()}, requests // launches, off_healthy
-            )
-            timed_in_turn(
-                {name: (port, f"{path}/chain") for name, (port, path) in pair.items()}, requests // launches, off_chain
-            )
-        ratios.add(HEALTHY, p50s(healthy), "ng_otel", "plain")
+            timed_in_turn(on({name: apart[name] for name in ("ng_otel", "plain")}, "/ok"), each, apart_ok)
+            timed_in_turn(on(apart, "/chain"), each, chain)
+            for process, twin in (("with", "ng_otel"), ("off", "off")):
+                for path in ("ok", "chain"):
+                    routes = {name: (ports[process], f"/{name}/{path}") for name in ("plain", twin)}
+                    timed_in_turn(routes, each, together.setdefault(f"{process} {path}", {}))
+        ratios.add(HEALTHY, p50s(together["with ok"]), "ng_otel", "plain")
+        ratios.add(HEALTHY_APART, p50s(apart_ok), "ng_otel", "plain")
         ratios.add(CHAIN, p50s(chain), "ng_otel", "minimum")
         ratios.add(CHAIN_PLAIN, p50s(chain), "ng_otel", "plain")
         ratios.add(MINIMUM_PLAIN, p50s(chain), "minimum", "plain")
-        ratios.add(OFF_HEALTHY, p50s(off_healthy), "off", "plain")
-        ratios.add(OFF_CHAIN, p50s(off_chain), "off", "plain")
+        ratios.add(OFF_HEALTHY, p50s(together["off ok"]), "off", "plain")
+        ratios.add(OFF_CHAIN, p50s(together["off chain"]), "off", "plain")
     ok = ratios.check(HEALTHY, "ng_otel", "plain", HEALTHY_TARGET)
+    apart_ratios = ratios.by_title[HEALTHY_APART]
+    print(f"  for scale, each in its own process: {statistics.median(apart_ratios):.3f}x {span(apart_ratios)}")
     ok &= ratios.check(CHAIN, "ng_otel", "minimum", CHAIN_TARGET)
     scale = {title: statistics.median(ratios.by_title[title]) for title in (CHAIN_PLAIN, MINIMUM_PLAIN)}
     print(
@@ -264,7 +266,7 @@ def running(variants: dict[str, tuple[str, dict[str, str]]]) -> Iterator[dict[st
     try:
         ports = {name: port for name, (_, port, _) in servers.items()}
         for name, port in ports.items():
-            wait_ready(port, "/plain/ok" if variants[name][0] == "pair" else "/ok")
+            wait_ready(port, "/plain/ok" if variants[name][0].startswith("together:") else "/ok")
         yield ports
     finally:
         for process, _, sock in servers.values():
