@@ -24,6 +24,7 @@ BENCHMARKS = [
     "throughput",
     "memory",
     "summary",
+    "gym_run",  # real NeMo Gym 0.7.0 (tools/real-gym.sh's venv); needs root, else exits 2
 ]
 
 
