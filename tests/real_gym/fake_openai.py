@@ -111,7 +111,15 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(200, json.dumps(body).encode())
 
 
+class Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: Gym dispatches every rollout at once, each
+    # model request on a connection of its own (HTTP/1.0), and connections past the backlog
+    # waited for the kernel's SYN retries (1, 3, 7, 15 s): seconds-long stragglers that were
+    # this endpoint's, not Gym's (bench/gym_run.py measures rollouts/s through it).
+    request_queue_size = 4096
+
+
 if __name__ == "__main__":
-    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    server = Server(("127.0.0.1", int(sys.argv[1])), Handler)
     server.daemon_threads = True
     server.serve_forever()
