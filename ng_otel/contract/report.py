@@ -77,9 +77,10 @@ class FailureReport:
         self._set(checked.events, checked.failure_id, checked.omitted)
 
     def _set(self, events: Mapping[str, Mapping[str, Any]], failure_id: str | None, omitted: bool) -> None:
-        object.__setattr__(self, "events", MappingProxyType(events) if events else _EMPTY)
-        object.__setattr__(self, "failure_id", failure_id)
-        object.__setattr__(self, "omitted", omitted)
+        # The slots' own setters, cheaper than object.__setattr__: summary builds one a row
+        _set_events(self, MappingProxyType(events) if events else _EMPTY)
+        _set_failure_id(self, failure_id)
+        _set_omitted(self, omitted)
 
     @classmethod
     def _trusted(
@@ -87,10 +88,7 @@ class FailureReport:
     ) -> FailureReport:
         """Build from records this package produced or already validated."""
         report = cls.__new__(cls)
-        # The slots' own setters, cheaper than object.__setattr__: summary builds one a row
-        _set_events(report, MappingProxyType(events) if events else _EMPTY)
-        _set_failure_id(report, failure_id)
-        _set_omitted(report, omitted)
+        report._set(events, failure_id, omitted)
         return report
 
     def __setattr__(self, name: str, value: object) -> None:

@@ -168,11 +168,12 @@ OTLP_LINE_AMONG_ROWS: Final = "an OTLP JSON line in a file of rows (its first JS
 ROW_AMONG_OTLP_LINES: Final = "not an OTLP JSON line in a file of OTLP JSON lines (its first JSON object decides)"
 
 
+_OTLP_KEYS: Final = frozenset({"resourceSpans", "resourceMetrics", "resourceLogs"})
+
+
 def is_otlp(value: Any) -> bool:
     """An OTLP JSON line: an object with ``resourceSpans``, ``resourceMetrics`` or ``resourceLogs``."""
-    return isinstance(value, dict) and (
-        "resourceSpans" in value or "resourceMetrics" in value or "resourceLogs" in value
-    )
+    return isinstance(value, dict) and not _OTLP_KEYS.isdisjoint(value)
 
 
 def is_record_line(value: Any) -> bool:
@@ -181,8 +182,8 @@ def is_record_line(value: Any) -> bool:
     return isinstance(value, dict) and names.LINE_RECORD in value
 
 
-_TELEMETRY_KEYS: Final = frozenset({"resourceSpans", "resourceMetrics", "resourceLogs", names.LINE_RECORD})
-"""The keys of which any one makes an object telemetry: ``is_otlp``'s three and ``is_record_line``'s."""
+_TELEMETRY_KEYS: Final = _OTLP_KEYS | {names.LINE_RECORD}
+"""The keys of which any one makes an object telemetry: ``is_otlp``'s and ``is_record_line``'s."""
 
 
 def _is_telemetry(value: Any) -> bool:

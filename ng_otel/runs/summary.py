@@ -24,7 +24,6 @@ from ng_otel.contract.classify import classify_failure
 from ng_otel.contract.inner_errors import body_names_servers
 from ng_otel.contract.rows import (
     ROW_FAILURE_CLASS,
-    ROW_FAILURE_TERMINAL,
     class_row_failure,
     class_row_reason,
     read_row_failures,
@@ -216,10 +215,9 @@ class Summary:
         try:
             # A 0.7.0 failure row whose body names no server is counted from its keys: its
             # derived event id is not needed. One that names servers is read as its chain.
-            if type(value) is dict and ROW_FAILURE_CLASS not in value:
-                failure = None  # the usual row: a Main report or no failure, no 0.7.0 class to read
-            else:
-                failure = class_row_failure(value) if isinstance(value, dict) else None
+            failure = None
+            if isinstance(value, dict) and ROW_FAILURE_CLASS in value:  # most rows hold none: no call
+                failure = class_row_failure(value)
                 if failure is not None and body_names_servers(value):
                     failure = None
             report, servers = read_row_failures(value) if failure is None else (None, None)
@@ -240,7 +238,7 @@ class Summary:
         if report is None:
             return masked
         # _ng_failure_terminal makes the row's own failure DATA (another attempt would not help).
-        terminal_id = report.failure_id if ROW_FAILURE_TERMINAL in value and row_terminal(value) else None
+        terminal_id = report.failure_id if row_terminal(value) else None
         tallies = self._row_tallies
         held = tallies.get
         server_of = (servers or _NONE_NAMED).get  # a C call either way: no branch per event
