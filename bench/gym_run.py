@@ -27,6 +27,9 @@ Targets: rollouts/s with / without >= 0.97; CPU per rollout with / without <= 1.
 the healthy and the failing pair. Needs root (the network namespace); without it the bench
 says so and exits 2.
 Run: .venv/bin/python bench/gym_run.py [--rounds 3] [--rollouts 1000] [--keep]
+Diagnosis (no verdict of its own): ``--also NAME:KEY=VALUE[,KEY=VALUE]`` adds a variant, docs/gym.md's
+setup with those settings, its ratios to without printed; ``--per-process`` prints each process's
+CPU per rollout, every round.
 """
 
 from __future__ import annotations
@@ -177,6 +180,25 @@ class GymCpu:
                 live += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
             return live / CLOCK_TICKS + self.reaped
 
+    def by_process(self) -> dict[str, float]:
+        """CPU seconds so far of each live process but the bench's, by what it is (``--per-process``:
+        where a cost lies; the processes reaped since are under ``reaped``)."""
+        seconds: dict[str, float] = {"reaped": self.reaped}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) in self.exclude:
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                    argv = cmdline.read().decode(errors="replace").split("\0")
+                where = os.readlink(f"/proc/{entry.name}/cwd")
+            except OSError:
+                continue
+            label = f"{Path(where).parent.name}/{Path(where).name} {Path(argv[0]).name} {' '.join(argv[1:4])[:60]}"
+            seconds[label] = seconds.get(label, 0.0) + sum(int(v) for v in fields[11:15]) / CLOCK_TICKS
+        return seconds
+
     def start(self, command: list[str], log: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
         with log.open("ab") as out:
             process = subprocess.Popen(
@@ -251,13 +273,14 @@ class Collection:
     startup: float  # s from gym eval run's start to its first model request
     failure_events: int  # ng.failure events the receiver got for it
     traced: float  # the share of the endpoint's requests that carried a traceparent
+    per_process: dict[str, float]  # CPU s per rollout by process, launch to drain (--per-process)
 
 
 class Lane:
     """The namespace's fixed parts: Gym's folders, the endpoint that fails on cue, the receiver."""
 
-    def __init__(self, venv: Path, work: Path, cpu: GymCpu) -> None:
-        self.venv, self.work, self.cpu = venv, work, cpu
+    def __init__(self, venv: Path, work: Path, cpu: GymCpu, also: dict[str, dict[str, str]]) -> None:
+        self.venv, self.work, self.cpu, self.also = venv, work, cpu, also
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="ngr.", dir="/tmp"))  # AF_UNIX paths: 107 bytes
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_", "NEMO_GYM_"))}
         for key in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
@@ -305,10 +328,12 @@ class Lane:
             return sock.connect_ex(("127.0.0.1", self.grpc_port)) == 0
 
     def variant_env(self, variant: str) -> tuple[list[str], dict[str, str]]:
-        """The command prefix and environment of a variant: docs/gym.md's, or nothing at all."""
+        """The command prefix and environment of a variant: docs/gym.md's, or nothing at all; an
+        ``--also`` variant is docs/gym.md's with its own settings on top."""
         if variant == "without":
             return [], dict(self.env)
         env = {**self.env, "NG_OTEL_ENABLED": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.grpc_port}"}
+        env.update(self.also.get(variant, {}))
         return [str(self.venv / "bin" / "opentelemetry-instrument"), "--"], env
 
     def close(self) -> None:
@@ -407,6 +432,7 @@ class Deployment:
         output = lane.work / "runs" / f"{name}.rollouts.jsonl"
         prefix, _ = lane.variant_env(self.variant)
         otlp_before = lane.otlp.stat().st_size if lane.otlp.exists() else 0
+        before = lane.cpu.by_process()
         read_cpu = lane.cpu.sampling()
         launched = time.time()
         process = lane.cpu.start(
@@ -444,6 +470,8 @@ class Deployment:
         first, last = min(row["t"] for row in seen), max(row["t"] for row in seen)
         time.sleep(max(0.0, last + DRAIN + 2 * SAMPLE_EVERY - time.time()))
         cpu = read_cpu(last + DRAIN) - read_cpu(first)
+        after = lane.cpu.by_process()
+        per_process = {k: (v - before.get(k, 0.0)) / rollouts for k, v in after.items()}
         written = len(read_jsonl(output)) + len(read_jsonl(output.with_name(output.stem + "_failures.jsonl")))
         if written != rollouts:
             raise RuntimeError(f"{name}: {written} rows for {rollouts} rollouts")
@@ -457,6 +485,7 @@ class Deployment:
             startup=first - launched,
             failure_events=exported.count(b'"name":"ng.failure"'),  # span events, as ng-otel receive writes them
             traced=sum(1 for row in seen if row.get("traceparent")) / len(seen),
+            per_process=per_process,
         )
 
     def stop(self) -> None:
@@ -505,13 +534,15 @@ def inside(args: argparse.Namespace) -> int:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     work = Path(tempfile.mkdtemp(prefix="ng-otel-gym-run."))
     cpu = GymCpu()
-    lane = Lane(args.inside, work, cpu)
+    also = dict(args.also)
+    variants = VARIANTS + list(also)
+    lane = Lane(args.inside, work, cpu, also)
     results: list[dict[str, dict[str, Collection]]] = []  # per round: variant -> mix -> collection
-    startups: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    startups: dict[str, list[float]] = {variant: [] for variant in variants}
     try:
         for index in range(args.rounds):
             round_: dict[str, dict[str, Collection]] = {}
-            for variant in turn_order(VARIANTS, index):
+            for variant in turn_order(variants, index):
                 name = f"r{index + 1}-{variant}"
                 deployment = Deployment(lane, variant, name)
                 try:
@@ -530,26 +561,51 @@ def inside(args: argparse.Namespace) -> int:
                     f"{variant} {mix} {c.rate:.1f} rollouts/s {c.cpu * 1e3:.1f} ms CPU/rollout"
                     + (
                         f" ({c.failure_events} ng.failure events, {c.traced:.0%} of model requests traced)"
-                        if variant == "with"
+                        if variant != "without"
                         else ""
                     )
-                    for variant in VARIANTS
+                    for variant in variants
                     for mix, c in round_[variant].items()
                 ),
                 flush=True,
             )
+            if args.per_process:
+                print_per_process(round_)
     finally:
         lane.close()
         if args.keep:
             print(f"kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    return 0 if report(results, startups) else 1
+    return 0 if report(results, startups, list(also)) else 1
 
 
-def report(results: list[dict[str, dict[str, Collection]]], startups: dict[str, list[float]]) -> bool:
+def print_per_process(round_: dict[str, dict[str, Collection]]) -> None:
+    """Each process's CPU per rollout in each variant's healthy collection, largest first."""
+    for mix in ("healthy", "failing"):
+        labels = sorted(
+            {label for collections in round_.values() for label in collections[mix].per_process},
+            key=lambda label: -max(c[mix].per_process.get(label, 0.0) for c in round_.values()),
+        )
+        print(f"    per process, {mix}, ms CPU/rollout: " + " | ".join(round_))
+        for label in labels[:14]:
+            values = " | ".join(f"{c[mix].per_process.get(label, 0.0) * 1e3:6.2f}" for c in round_.values())
+            print(f"      {values}  {label}")
+
+
+def report(results: list[dict[str, dict[str, Collection]]], startups: dict[str, list[float]], also: list[str]) -> bool:
     def median(values: list[float]) -> float:
         return statistics.median(values)
+
+    for variant in also:  # a diagnosis, no verdict: docs/gym.md's setup with settings changed
+        print(
+            f"  {variant} / without (no target): "
+            + ", ".join(
+                f"{mix} rollouts/s {median([r[variant][mix].rate / r['without'][mix].rate for r in results]):.3f} "
+                f"CPU {median([r[variant][mix].cpu / r['without'][mix].cpu for r in results]):.3f}"
+                for mix in ("healthy", "failing")
+            )
+        )
 
     first_request = {v: median([r[v][m].startup for r in results for m in r[v]]) for v in VARIANTS}
     print(
@@ -596,6 +652,16 @@ def report(results: list[dict[str, dict[str, Collection]]], startups: dict[str, 
     return ok
 
 
+def also_variant(text: str) -> tuple[str, dict[str, str]]:
+    name, _, settings = text.partition(":")
+    if not name or name in VARIANTS or not settings:
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME:KEY=VALUE[,KEY=VALUE], NAME not one of {VARIANTS}")
+    pairs = [setting.partition("=") for setting in settings.split(",")]
+    if any(not key or not eq for key, eq, _ in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r}: each setting is KEY=VALUE")
+    return name, {key: value for key, _, value in pairs}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -604,6 +670,15 @@ def main(argv: list[str] | None = None) -> int:
         "--rollouts", type=int, default=1000, help=f"per measured collection (a verdict needs {MIN_ROLLOUTS})"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, rows, spans) and print it")
+    parser.add_argument(
+        "--also",
+        type=also_variant,
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="a further variant, docs/gym.md's with these settings, its ratios printed with no target",
+    )
+    parser.add_argument("--per-process", action="store_true", help="print each process's CPU per rollout")
     parser.add_argument("--inside", type=Path, help=argparse.SUPPRESS)  # the Gym venv, in the namespace
     args = parser.parse_args(argv)
     if args.inside:
