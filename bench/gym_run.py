@@ -35,6 +35,7 @@ CPU per rollout, every round.
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import os
 import resource
@@ -59,6 +60,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _procs import CLOCK_TICKS, turn_order  # noqa: E402
+from profile_path import Frame, record, stacks  # noqa: E402  (py-spy, as bench/profile_path.py runs it)
 
 ROOT = HERE.parent
 LANE = ROOT / "tests" / "real_gym"  # the lane's endpoint that fails on cue, and its judge config
@@ -77,6 +79,21 @@ DRAIN = 6.0
 SAMPLE_EVERY = 0.1  # seconds between samples of the Gym processes' CPU
 READY_TIMEOUT = 300  # gym env start, until its head server answers
 COLLECT_TIMEOUT = 600
+PROFILE_SECONDS = 10  # --profile: py-spy's window, inside a collection of twice --rollouts
+# --profile: where a sample's time goes, by the deepest frame outside the standard library (a
+# gRPC or protobuf frame is the exporter's when an OpenTelemetry frame is below it); first match.
+COMPONENTS = (
+    ("/ng_otel/", "ng_otel"),
+    ("/aiohttp/tracing.py", "ng_otel"),  # aiohttp's tracing runs for ng_otel's TraceConfig alone (Gym sets none)
+    ("/opentelemetry/instrumentation/", "OTel instrumentation"),
+    ("/opentelemetry/sdk/metrics/", "OTel metrics"),
+    ("/opentelemetry/exporter/", "OTel export"),
+    ("/opentelemetry/proto/", "OTel export"),
+    ("/opentelemetry/sdk/_shared_internal/", "OTel export"),
+    ("/opentelemetry/sdk/trace/export/", "OTel export"),
+    ("/opentelemetry/", "OTel spans, context"),
+)
+GYM_COMPONENT = "Gym, its libraries"
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
 SERVER_VENVS = (  # Gym's prebuilt-venv mode: each server's venv is the one with Gym and ng_otel
     "resources_servers/simpleqa",
@@ -408,7 +425,23 @@ class Deployment:
             time.sleep(0.5)
         return True
 
-    def collect(self, name: str, rollouts: int, fail_every: int) -> Collection:
+    def profile(self, name: str, rollouts: int, out: Path) -> dict[str, tuple[float, collections.Counter[str]]]:
+        """A healthy collection of ``rollouts`` that is not measured: from its first model request,
+        py-spy samples each of the deployment's processes for ``PROFILE_SECONDS``. By process:
+        its CPU seconds in that window, its samples by component."""
+        found: dict[str, tuple[float, collections.Counter[str]]] = {}
+        size = self.lane.requests_log.stat().st_size if self.lane.requests_log.exists() else 0
+
+        def sample() -> None:
+            wait_for(lambda: self.lane.requests_log.stat().st_size > size, 120, f"{name}'s first model request")
+            found.update(profile_processes(self.lane.cpu, out))
+
+        self.collect(name, rollouts, 0, during=sample)
+        return found
+
+    def collect(
+        self, name: str, rollouts: int, fail_every: int, during: Callable[[], None] | None = None
+    ) -> Collection:
         """``gym eval run`` of ``rollouts`` fresh tasks (one in ``fail_every`` cued to fail; 0:
         none), measured."""
         lane, nonce = self.lane, uuid.uuid4().hex[:8]
@@ -455,6 +488,9 @@ class Deployment:
             self.env,
             lane.work / "gym",
         )
+        beside = threading.Thread(target=during, daemon=True) if during else None
+        if beside:
+            beside.start()
         deadline = time.monotonic() + COLLECT_TIMEOUT
         while not lane.cpu.ended(process):
             if time.monotonic() > deadline:
@@ -462,6 +498,8 @@ class Deployment:
                 lane.cpu.ended(process, block=True)
                 raise RuntimeError(f"{name}: gym eval run did not finish in {COLLECT_TIMEOUT} s")
             time.sleep(0.2)
+        if beside:
+            beside.join(timeout=PROFILE_SECONDS + 120)
         seen = [row for row in read_jsonl(lane.requests_log) if row["t"] >= launched]
         if process.returncode or not seen:
             raise RuntimeError(
@@ -516,6 +554,96 @@ class Deployment:
         cpu.total()  # reaps the orphans
 
 
+def profile_processes(cpu: GymCpu, out: Path) -> dict[str, tuple[float, collections.Counter[str]]]:
+    """py-spy (``--gil``: the thread holding the interpreter) on each process ng_otel is enabled
+    in, at once for ``PROFILE_SECONDS``: by process, its CPU seconds then, its samples by component."""
+    out.mkdir(parents=True, exist_ok=True)
+    processes = instrumented_processes(cpu.exclude)
+    before = {pid: process_cpu(pid) for pid in processes}
+    spies = {pid: record(pid, PROFILE_SECONDS, out / f"{pid}.txt") for pid in processes}
+    cpu.exclude |= {spy.pid for spy in spies.values()}  # the profiled collection is not measured, still
+    for spy in spies.values():
+        spy.wait(timeout=PROFILE_SECONDS + 60)
+    found: dict[str, tuple[float, collections.Counter[str]]] = {}
+    for pid, label in processes.items():
+        path = out / f"{pid}.txt"
+        counts = collections.Counter[str]()
+        for frames, count in stacks(path) if path.exists() else []:
+            counts[component(frames)] += count
+        used, known = process_cpu(pid) - before[pid], found.get(label, (0.0, collections.Counter[str]()))
+        found[label] = (known[0] + used, known[1] + counts)  # a server of two processes is one line
+    return found
+
+
+def instrumented_processes(exclude: set[int]) -> dict[int, str]:
+    """The Python processes started with docs/gym.md's ``NG_OTEL_ENABLED=1``, but Ray's: by the Gym
+    server they run (``NEMO_GYM_CONFIG_PATH``), or their command (``gym eval run``)."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in exclude:
+            continue
+        try:
+            environ = Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if b"NG_OTEL_ENABLED=1" not in environ or not Path(argv[0]).name.startswith("python"):
+            continue
+        if any("/ray/" in arg for arg in argv[:4]):  # python [-u] .../ray/...
+            continue
+        server = next((v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"NEMO_GYM_CONFIG_PATH=")), "")
+        command = " ".join([Path(argv[1]).name, *argv[2:4]]) if len(argv) > 1 else argv[0]
+        found[int(entry.name)] = server or command
+    return found
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` itself so far (user plus system), 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def component(frames: list[Frame]) -> str:
+    """What a sample's time is spent in: its deepest frame outside the standard library decides."""
+    for _, where in reversed(frames):
+        if where.startswith("<") or ("/lib/python3" in where and "/site-packages/" not in where):
+            continue  # the standard library: the frame that called it decides
+        if "/grpc/" in where or "/google/protobuf/" in where:  # Ray's gRPC too, in Gym's processes
+            return "OTel export" if any("/opentelemetry/" in below for _, below in frames) else GYM_COMPONENT
+        return next((name for part, name in COMPONENTS if part in where), GYM_COMPONENT)
+    return GYM_COMPONENT
+
+
+def print_profile(profile: dict[str, tuple[float, collections.Counter[str]]]) -> None:
+    """Each process's samples by component, and all of them weighted by each one's CPU."""
+    names = [GYM_COMPONENT, *dict.fromkeys(name for _, name in COMPONENTS)]
+    print(
+        f"  profile, with, a healthy collection not measured (py-spy --gil, {PROFILE_SECONDS} s): "
+        "each process's CPU then, and its samples by component"
+    )
+    print(f"    {'process':30s} {'CPU s':>6s}  " + "  ".join(f"{name[:20]:>20s}" for name in names))
+    weighted = collections.Counter[str]()
+    for label, (used, counts) in sorted(profile.items(), key=lambda item: -item[1][0]):
+        total = sum(counts.values())
+        if not total:
+            print(f"    {label[:30]:30s} {used:6.2f}  (no samples)")
+            continue
+        print(f"    {label[:30]:30s} {used:6.2f}  " + "  ".join(f"{counts[n] / total:20.1%}" for n in names))
+        for name in names:
+            weighted[name] += used * counts[name] / total
+    used = sum(weighted.values())
+    if used:
+        print(f"    {'all, by CPU':30s} {used:6.2f}  " + "  ".join(f"{weighted[n] / used:20.1%}" for n in names))
+        telemetry = 1 - weighted[GYM_COMPONENT] / used
+        print(
+            f"    ng_otel and OpenTelemetry: {telemetry:.1%} of these processes' CPU, ng_otel's own "
+            f"{weighted['ng_otel'] / used:.1%}: CPU with / without near {1 / (1 - telemetry):.2f} from them alone"
+        )
+
+
 def read_jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
     if not path.exists():
         return []
@@ -539,6 +667,7 @@ def inside(args: argparse.Namespace) -> int:
     lane = Lane(args.inside, work, cpu, also)
     results: list[dict[str, dict[str, Collection]]] = []  # per round: variant -> mix -> collection
     startups: dict[str, list[float]] = {variant: [] for variant in variants}
+    profile: dict[str, tuple[float, collections.Counter[str]]] = {}
     try:
         for index in range(args.rounds):
             round_: dict[str, dict[str, Collection]] = {}
@@ -552,6 +681,8 @@ def inside(args: argparse.Namespace) -> int:
                         "healthy": deployment.collect(f"{name}-healthy", args.rollouts, 0),
                         "failing": deployment.collect(f"{name}-failing", args.rollouts, FAIL_EVERY),
                     }
+                    if args.profile and variant == "with" and index == 0:
+                        profile = deployment.profile(f"{name}-profile", 2 * args.rollouts, work / "profile")
                 finally:
                     deployment.stop()
             results.append(round_)
@@ -571,6 +702,8 @@ def inside(args: argparse.Namespace) -> int:
             )
             if args.per_process:
                 print_per_process(round_)
+            if args.profile and index == 0:
+                print_profile(profile)
     finally:
         lane.close()
         if args.keep:
@@ -679,6 +812,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a further variant, docs/gym.md's with these settings, its ratios printed with no target",
     )
     parser.add_argument("--per-process", action="store_true", help="print each process's CPU per rollout")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="in round 1, one more healthy collection with ng_otel, py-spy on each process: where the CPU goes",
+    )
     parser.add_argument("--inside", type=Path, help=argparse.SUPPRESS)  # the Gym venv, in the namespace
     args = parser.parse_args(argv)
     if args.inside:
