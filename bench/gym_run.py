@@ -5,9 +5,13 @@ OpenAI-compatible endpoint), rollouts collected with ``gym eval run --no-serve``
 default concurrency (every rollout dispatched at once), all of it inside a private network
 namespace with only loopback, since Ray listens on every interface.
 
-Each round starts the deployment twice, the order turned every round: without ng_otel, and
+Each round starts the deployment three times, the order turned every round: without ng_otel;
 with it exactly as docs/gym.md installs it (``opentelemetry-instrument``, ``NG_OTEL_ENABLED=1``,
-OTLP to ``ng-otel receive`` in its own process; every other setting at its default). Each
+OTLP to ``ng-otel receive`` in its own process; every other setting at its default); and the
+floor, OpenTelemetry alone as a user without ng_otel sets it up (``tools/real-gym.sh
+otel-alone``: ``opentelemetry-distro`` and the FastAPI instrumentation under
+``opentelemetry-instrument``, OTLP to the same receiver), whose ratios are printed beside with
+no target, so what OpenTelemetry itself costs and what ng_otel adds above it stay apart. Each
 deployment first collects a few rollouts to warm up, then two measured collections: a healthy
 one, and one whose endpoint fails one request in 20 (a 500 from the policy model, or two
 dropped connections that Gym's retries get past: the failures the lane produces).
@@ -29,7 +33,8 @@ says so and exits 2.
 Run: .venv/bin/python bench/gym_run.py [--rounds 3] [--rollouts 1000] [--keep]
 Diagnosis (no verdict of its own): ``--also NAME:KEY=VALUE[,KEY=VALUE]`` adds a variant, docs/gym.md's
 setup with those settings, its ratios to without printed; ``--per-process`` prints each process's
-CPU per rollout, every round.
+CPU per rollout, every round; ``--profile`` samples each process with py-spy in one more
+collection with ng_otel (round 1, not measured) and prints where their CPU goes, by component.
 """
 
 from __future__ import annotations
@@ -64,7 +69,11 @@ from profile_path import Frame, record, stacks  # noqa: E402  (py-spy, as bench/
 
 ROOT = HERE.parent
 LANE = ROOT / "tests" / "real_gym"  # the lane's endpoint that fails on cue, and its judge config
-VARIANTS = ["without", "with"]
+# The floor: OpenTelemetry as a user without ng_otel sets it up (tools/real-gym.sh otel-alone:
+# opentelemetry-distro, the FastAPI instrumentation), its figures beside, no target of its own.
+FLOOR = "otel-alone"
+VARIANTS = ["without", "with", FLOOR]
+TITLES = {"without": "without ng_otel", "with": "with ng_otel", FLOOR: "OpenTelemetry alone"}
 FAIL_EVERY = 20  # the failing collection: one rollout in 20 meets a failing endpoint
 CUES = ("FAIL500", "DROPTWICE")  # tests/real_gym/fake_openai.py: a 500, or two dropped connections
 WARMUP_ROLLOUTS = 20
@@ -136,13 +145,21 @@ def gym_venv_with_this_tree() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def prepared_venv(what: str) -> Path:
+    done = subprocess.run(["bash", str(ROOT / "tools" / "real-gym.sh"), what], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"tools/real-gym.sh {what} failed:\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 def outside(args: argparse.Namespace, argv: list[str]) -> int:
     why = cannot_run()
     if why:
         print(f"gym run: not measured: it runs Ray in a loopback-only network namespace, which needs root ({why})")
         return 2
     venv = gym_venv_with_this_tree()
-    limit = 600 + args.rounds * 600  # two deployments and six collections a round, with room
+    floor = prepared_venv("otel-alone")
+    limit = 600 + args.rounds * 900  # three deployments and nine collections a round, with room
     command = [
         "timeout",
         "-k",
@@ -157,6 +174,8 @@ def outside(args: argparse.Namespace, argv: list[str]) -> int:
         str(Path(__file__).resolve()),
         "--inside",
         str(venv),
+        "--floor-venv",
+        str(floor),
         *argv,
     ]
     return subprocess.run(command, cwd="/").returncode
@@ -296,8 +315,9 @@ class Collection:
 class Lane:
     """The namespace's fixed parts: Gym's folders, the endpoint that fails on cue, the receiver."""
 
-    def __init__(self, venv: Path, work: Path, cpu: GymCpu, also: dict[str, dict[str, str]]) -> None:
-        self.venv, self.work, self.cpu, self.also = venv, work, cpu, also
+    def __init__(self, venvs: dict[str, Path], work: Path, cpu: GymCpu, also: dict[str, dict[str, str]]) -> None:
+        venv = venvs["with"]
+        self.venvs, self.venv, self.work, self.cpu, self.also = venvs, venv, work, cpu, also
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="ngr.", dir="/tmp"))  # AF_UNIX paths: 107 bytes
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NG_OTEL_", "NEMO_GYM_"))}
         for key in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
@@ -314,7 +334,6 @@ class Lane:
             (work / name).mkdir(parents=True, exist_ok=True)
         for server in SERVER_VENVS:
             (work / "venvs" / server).mkdir(parents=True, exist_ok=True)
-            (work / "venvs" / server / ".venv").symlink_to(venv)
         self.fake_port, self.grpc_port = free_port(), free_port()
         self.requests_log, self.otlp = work / "fake_requests.jsonl", work / "otlp.jsonl"
         self.fake = subprocess.Popen(
@@ -349,9 +368,23 @@ class Lane:
         ``--also`` variant is docs/gym.md's with its own settings on top."""
         if variant == "without":
             return [], dict(self.env)
-        env = {**self.env, "NG_OTEL_ENABLED": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.grpc_port}"}
-        env.update(self.also.get(variant, {}))
-        return [str(self.venv / "bin" / "opentelemetry-instrument"), "--"], env
+        endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.grpc_port}"}
+        venv = self.venv_of(variant)
+        if variant == FLOOR:
+            path = f"{venv / 'bin'}:{self.env['PATH']}"
+            return [str(venv / "bin" / "opentelemetry-instrument"), "--"], {**self.env, **endpoint, "PATH": path}
+        env = {**self.env, "NG_OTEL_ENABLED": "1", **endpoint, **self.also.get(variant, {})}
+        return [str(venv / "bin" / "opentelemetry-instrument"), "--"], env
+
+    def venv_of(self, variant: str) -> Path:
+        return self.venvs.get(variant, self.venv)  # an --also variant: docs/gym.md's venv
+
+    def use_server_venvs(self, variant: str) -> None:
+        """Gym's servers run in the venv their folder's ``.venv`` names: the variant's."""
+        for server in SERVER_VENVS:
+            link = self.work / "venvs" / server / ".venv"
+            link.unlink(missing_ok=True)
+            link.symlink_to(self.venv_of(variant))
 
     def close(self) -> None:
         for process in (self.fake, self.receiver):
@@ -374,6 +407,7 @@ class Deployment:
     def __init__(self, lane: Lane, variant: str, name: str) -> None:
         self.lane, self.variant, self.name = lane, variant, name
         prefix, self.env = lane.variant_env(variant)
+        lane.use_server_venvs(variant)
         started = time.monotonic()
         for attempt in range(3):
             self.head_port = free_port()
@@ -664,7 +698,7 @@ def inside(args: argparse.Namespace) -> int:
     cpu = GymCpu()
     also = dict(args.also)
     variants = VARIANTS + list(also)
-    lane = Lane(args.inside, work, cpu, also)
+    lane = Lane({"without": args.inside, "with": args.inside, FLOOR: args.floor_venv}, work, cpu, also)
     results: list[dict[str, dict[str, Collection]]] = []  # per round: variant -> mix -> collection
     startups: dict[str, list[float]] = {variant: [] for variant in variants}
     profile: dict[str, tuple[float, collections.Counter[str]]] = {}
@@ -730,12 +764,15 @@ def report(results: list[dict[str, dict[str, Collection]]], startups: dict[str, 
     def median(values: list[float]) -> float:
         return statistics.median(values)
 
-    for variant in also:  # a diagnosis, no verdict: docs/gym.md's setup with settings changed
+    # No verdict: the floor's own cost, ng_otel's above it, and each --also diagnosis.
+    for variant, base in [(FLOOR, "without"), ("with", FLOOR), *((name, "without") for name in also)]:
         print(
-            f"  {variant} / without (no target): "
+            f"  {variant} / {base} (no target): "
             + ", ".join(
-                f"{mix} rollouts/s {median([r[variant][mix].rate / r['without'][mix].rate for r in results]):.3f} "
-                f"CPU {median([r[variant][mix].cpu / r['without'][mix].cpu for r in results]):.3f}"
+                f"{mix} rollouts/s {median([r[variant][mix].rate / r[base][mix].rate for r in results]):.3f} "
+                f"{span([r[variant][mix].rate / r[base][mix].rate for r in results])} "
+                f"CPU {median([r[variant][mix].cpu / r[base][mix].cpu for r in results]):.3f} "
+                f"{span([r[variant][mix].cpu / r[base][mix].cpu for r in results])}"
                 for mix in ("healthy", "failing")
             )
         )
@@ -748,7 +785,7 @@ def report(results: list[dict[str, dict[str, Collection]]], startups: dict[str, 
     )
     for variant in VARIANTS:
         print(
-            f"  {variant} ng_otel (medians): "
+            f"  {TITLES[variant]} (medians): "
             + ", ".join(
                 f"{mix} {median([r[variant][mix].rate for r in results]):.1f} rollouts/s "
                 f"{median([r[variant][mix].cpu for r in results]) * 1e3:.1f} ms CPU/rollout"
@@ -818,6 +855,7 @@ def main(argv: list[str] | None = None) -> int:
         help="in round 1, one more healthy collection with ng_otel, py-spy on each process: where the CPU goes",
     )
     parser.add_argument("--inside", type=Path, help=argparse.SUPPRESS)  # the Gym venv, in the namespace
+    parser.add_argument("--floor-venv", type=Path, help=argparse.SUPPRESS)  # tools/real-gym.sh otel-alone's
     args = parser.parse_args(argv)
     if args.inside:
         code = inside(args)

@@ -3,6 +3,7 @@
 #   tools/real-gym.sh wheel   unzipped wheel (its pydantic-only modules import without the rest of Gym)
 #   tools/real-gym.sh venv    a Python 3.13 venv with nemo-gym installed (~1.4 GB, ~3 minutes the first time)
 #   tools/real-gym.sh install WHEEL   that venv with ng_otel from WHEEL, as docs/gym.md installs it
+#   tools/real-gym.sh otel-alone   a copy of that venv with OpenTelemetry's distro and no ng_otel
 # Each prints the path it prepared. NG_OTEL_GYM_CACHE moves the cache (default ~/.cache/ng-otel).
 set -euo pipefail
 version=${NG_OTEL_GYM_VERSION:-0.7.0}
@@ -49,8 +50,31 @@ case "${1:-}" in
     "${pip[@]}" check >&2
     echo "$dir"
     ;;
+  otel-alone)
+    # That venv as a user without ng_otel instruments it: OpenTelemetry's distro (its SDK
+    # set-up under opentelemetry-instrument) and the FastAPI instrumentation, no ng_otel. A
+    # hard-linked copy (pip replaces files, never writes into them), its scripts' shebangs
+    # pointed at itself. bench/gym_run.py's floor.
+    src=$("$0" venv)
+    dir="$cache/gym-$version-otel-alone"
+    if [ ! -f "$dir/.installed" ]; then
+      rm -rf "$dir"
+      cp -al "$src" "$dir"
+      rm -f "$dir/.installed"
+      grep -l "^#!$src/bin/" "$dir"/bin/* 2>/dev/null | xargs -r sed -i "1s|^#!$src/bin/|#!$dir/bin/|"
+      pip=("$dir/bin/python" -m pip --disable-pip-version-check)
+      "${pip[@]}" uninstall --quiet --yes ng-otel >&2 2>/dev/null || true
+      contrib=$("${pip[@]}" show opentelemetry-instrumentation 2>/dev/null | sed -n 's/^Version: //p')
+      sdk=$("${pip[@]}" show opentelemetry-sdk 2>/dev/null | sed -n 's/^Version: //p')
+      "${pip[@]}" install --quiet "opentelemetry-distro==${contrib:-0.66b2}" \
+        "opentelemetry-instrumentation-fastapi==${contrib:-0.66b2}" "opentelemetry-exporter-otlp==${sdk:-1.45.2}" >&2
+      "${pip[@]}" check >&2
+      touch "$dir/.installed"
+    fi
+    echo "$dir"
+    ;;
   *)
-    echo "usage: tools/real-gym.sh wheel|venv|install WHEEL" >&2
+    echo "usage: tools/real-gym.sh wheel|venv|install WHEEL|otel-alone" >&2
     exit 2
     ;;
 esac
