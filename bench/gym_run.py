@@ -104,7 +104,7 @@ COMPONENTS = (
 )
 GYM_COMPONENT = "Gym, its libraries"
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
-SERVER_VENVS = (  # Gym's prebuilt-venv mode: each server's venv is the one with Gym and ng_otel
+SERVER_VENVS = (  # Gym's prebuilt-venv mode: each server's venv is the variant's (Lane.use_server_venvs)
     "resources_servers/simpleqa",
     "responses_api_models/openai_model",
     "responses_api_agents/simple_agent",
@@ -865,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     print(
         f"gym run: real NeMo Gym 0.7.0, {args.rounds} rounds of {args.rollouts} rollouts healthy and "
-        f"{args.rollouts} with 1 in {FAIL_EVERY} failing, without and with ng_otel",
+        f"{args.rollouts} with 1 in {FAIL_EVERY} failing, without and with ng_otel, and OpenTelemetry alone",
         flush=True,
     )
     return outside(args, [a for a in argv if a != "--inside"])
