@@ -55,7 +55,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +64,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _procs import CLOCK_TICKS, turn_order  # noqa: E402
+from _procs import CLOCK_TICKS, cpu_seconds, turn_order  # noqa: E402
 from profile_path import Frame, record, stacks  # noqa: E402  (py-spy, as bench/profile_path.py runs it)
 
 ROOT = HERE.parent
@@ -198,18 +198,22 @@ class GymCpu:
         self._samples: list[tuple[float, float]] = []
         self._sampling = threading.Event()
 
+    def others(self) -> Iterator[tuple[int, list[str]]]:
+        """Each process but the bench's, with its ``/proc/PID/stat`` fields after the command."""
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) in self.exclude:
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone since the listing: its parent's count has it
+            yield int(entry.name), fields
+
     def total(self) -> float:
         with self._lock:
             live = 0
-            for entry in os.scandir("/proc"):
-                if not entry.name.isdigit() or int(entry.name) in self.exclude:
-                    continue
-                try:
-                    with open(f"/proc/{entry.name}/stat") as stat:
-                        fields = stat.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue  # gone since the listing: its parent's count has it
-                pid = int(entry.name)
+            for pid, fields in self.others():
                 if fields[0] == "Z" and int(fields[1]) == os.getpid() and pid not in self.mine:
                     self.reaped += _seconds(os.wait4(pid, 0)[2])  # an orphan, reparented to PID 1
                     continue
@@ -220,15 +224,11 @@ class GymCpu:
         """CPU seconds so far of each live process but the bench's, by what it is (``--per-process``:
         where a cost lies; the processes reaped since are under ``reaped``)."""
         seconds: dict[str, float] = {"reaped": self.reaped}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit() or int(entry.name) in self.exclude:
-                continue
+        for pid, fields in self.others():
             try:
-                with open(f"/proc/{entry.name}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                     argv = cmdline.read().decode(errors="replace").split("\0")
-                where = os.readlink(f"/proc/{entry.name}/cwd")
+                where = os.readlink(f"/proc/{pid}/cwd")
             except OSError:
                 continue
             label = f"{Path(where).parent.name}/{Path(where).name} {Path(argv[0]).name} {' '.join(argv[1:4])[:60]}"
@@ -368,12 +368,12 @@ class Lane:
         ``--also`` variant is docs/gym.md's with its own settings on top."""
         if variant == "without":
             return [], dict(self.env)
-        endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.grpc_port}"}
         venv = self.venv_of(variant)
+        env = {**self.env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.grpc_port}"}
         if variant == FLOOR:
-            path = f"{venv / 'bin'}:{self.env['PATH']}"
-            return [str(venv / "bin" / "opentelemetry-instrument"), "--"], {**self.env, **endpoint, "PATH": path}
-        env = {**self.env, "NG_OTEL_ENABLED": "1", **endpoint, **self.also.get(variant, {})}
+            env["PATH"] = f"{venv / 'bin'}:{self.env['PATH']}"
+        else:
+            env.update({"NG_OTEL_ENABLED": "1", **self.also.get(variant, {})})
         return [str(venv / "bin" / "opentelemetry-instrument"), "--"], env
 
     def venv_of(self, variant: str) -> Path:
@@ -632,12 +632,11 @@ def instrumented_processes(exclude: set[int]) -> dict[int, str]:
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` itself so far (user plus system), 0 once it is gone."""
+    """CPU seconds of ``pid`` itself so far, 0 once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def component(frames: list[Frame]) -> str:
